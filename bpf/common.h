@@ -1,0 +1,65 @@
+/* Structures shared between the BPF data plane and Go. The Go side is
+ * generated from these by bpf2go (-type), never written by hand. */
+#pragma once
+
+#include <linux/types.h>
+
+#define MAX_RULES 256
+
+/* Counter slots: fixed slots first, then one per rule. */
+#define SLOT_MALFORMED 0
+#define SLOT_NON_IP 1
+#define SLOT_DEFAULT 2
+#define SLOT_RULE0 3
+#define NUM_SLOTS (SLOT_RULE0 + MAX_RULES)
+
+/* Headers beyond this many bytes from the frame start are not parsed: the
+ * frame counts as malformed and is passed. Keeps the parser's offsets bounded
+ * for the verifier and the tc path's pull small. */
+#define MAX_HDR_OFF 512
+
+enum action {
+	ACTION_PASS = 0,
+	ACTION_DROP = 1,
+};
+
+/* Which fields of a rule take part in the match. */
+enum match_field {
+	MATCH_SRC = 1 << 0,
+	MATCH_DST = 1 << 1,
+	MATCH_PROTO = 1 << 2,
+	MATCH_SPORT = 1 << 3,
+	MATCH_DPORT = 1 << 4,
+	MATCH_TCP_FLAGS = 1 << 5,
+	MATCH_LENGTH = 1 << 6,
+	MATCH_IPV4 = 1 << 7,
+	MATCH_IPV6 = 1 << 8,
+};
+
+struct rule {
+	__u64 src_lists; /* bitmask of list ids; matches if the source is in any */
+	__u64 dst_lists;
+	__u32 match; /* enum match_field bits */
+	__u16 sport_lo, sport_hi;
+	__u16 dport_lo, dport_hi;
+	__u16 len_lo, len_hi; /* L3 length: IPv4 total length, IPv6 payload + 40 */
+	__u8 proto;
+	__u8 flags_set;   /* TCP flags that must be set */
+	__u8 flags_clear; /* TCP flags that must be clear */
+	__u8 action;      /* enum action */
+};
+
+struct counter {
+	__u64 packets;
+	__u64 bytes;
+};
+
+struct lpm_v4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct lpm_v6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};

@@ -1,0 +1,435 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Error is a problem in a policy or list file, located by file, line and field.
+type Error struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (e *Error) Error() string {
+	loc := e.File
+	if e.Line > 0 {
+		loc = fmt.Sprintf("%s:%d", e.File, e.Line)
+	}
+	if e.Field != "" {
+		return fmt.Sprintf("%s: %s: %s", loc, e.Field, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", loc, e.Msg)
+}
+
+// Load reads and validates a policy file. List files are resolved relative to
+// the policy file's directory.
+func Load(path string) (*Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse validates policy text; path names it in errors and anchors list files.
+func Parse(path string, data []byte) (*Policy, error) {
+	p := &parser{file: path, dir: filepath.Dir(path)}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, &Error{File: path, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	}
+	if len(doc.Content) == 0 {
+		return nil, &Error{File: path, Line: 1, Msg: "empty policy: it needs at least a rules list"}
+	}
+	pol, err := p.policy(doc.Content[0])
+	if err != nil {
+		return nil, err
+	}
+	pol.File = path
+	return pol, nil
+}
+
+type parser struct {
+	file string
+	dir  string
+}
+
+func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
+	return &Error{File: p.file, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// fields walks a mapping, refusing keys outside allowed and duplicate keys.
+func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
+	if n.Kind != yaml.MappingNode {
+		return nil, p.errf(n, what, "must be a mapping of keys to values")
+	}
+	out := map[string]*yaml.Node{}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		known := false
+		for _, a := range allowed {
+			known = known || a == k.Value
+		}
+		if !known {
+			return nil, p.errf(k, what, "unknown key %q (allowed: %s)", k.Value, strings.Join(allowed, ", "))
+		}
+		if _, dup := out[k.Value]; dup {
+			return nil, p.errf(k, what, "key %q given twice", k.Value)
+		}
+		out[k.Value] = v
+	}
+	return out, nil
+}
+
+// strings reads a scalar or a sequence of scalars.
+func (p *parser) strings(n *yaml.Node, field string) ([]string, error) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return []string{n.Value}, nil
+	case yaml.SequenceNode:
+		var out []string
+		for _, c := range n.Content {
+			if c.Kind != yaml.ScalarNode {
+				return nil, p.errf(c, field, "must be a string")
+			}
+			out = append(out, c.Value)
+		}
+		return out, nil
+	}
+	return nil, p.errf(n, field, "must be a string or a list of strings")
+}
+
+func (p *parser) policy(root *yaml.Node) (*Policy, error) {
+	top, err := p.fields(root, "policy", "lists", "rules", "default")
+	if err != nil {
+		return nil, err
+	}
+	pol := &Policy{Lists: map[string]*List{}}
+	if n := top["lists"]; n != nil {
+		if err := p.lists(n, pol); err != nil {
+			return nil, err
+		}
+	}
+	if n := top["default"]; n != nil {
+		if pol.Default, err = p.action(n, "default"); err != nil {
+			return nil, err
+		}
+	}
+	n := top["rules"]
+	if n == nil {
+		return nil, p.errf(root, "rules", "missing: a policy needs a rules list (it may be empty: rules: [])")
+	}
+	if n.Kind != yaml.SequenceNode {
+		return nil, p.errf(n, "rules", "must be a list of rules")
+	}
+	if len(n.Content) > MaxRules {
+		return nil, p.errf(n, "rules", "%d rules; at most %d are supported", len(n.Content), MaxRules)
+	}
+	seen := map[string]int{}
+	for _, rn := range n.Content {
+		r, err := p.rule(rn, pol)
+		if err != nil {
+			return nil, err
+		}
+		if line, dup := seen[r.Name]; dup {
+			return nil, p.errf(rn, "name", "rule name %q already used at line %d", r.Name, line)
+		}
+		seen[r.Name] = r.Line
+		pol.Rules = append(pol.Rules, r)
+	}
+	if n := countReferencedLists(pol); n > MaxLists {
+		return nil, p.errf(root, "rules", "rules refer to %d distinct lists and prefixes; at most %d are supported", n, MaxLists)
+	}
+	return pol, nil
+}
+
+func countReferencedLists(pol *Policy) int {
+	used := map[string]bool{}
+	for _, r := range pol.Rules {
+		for _, n := range append(append([]string{}, r.Src...), r.Dst...) {
+			used[n] = true
+		}
+	}
+	return len(used)
+}
+
+func (p *parser) lists(n *yaml.Node, pol *Policy) error {
+	if n.Kind != yaml.MappingNode {
+		return p.errf(n, "lists", "must map list names to {files: [...]} or {prefixes: [...]}")
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		name := k.Value
+		if err := validName(name); err != nil {
+			return p.errf(k, "lists", "list name %q: %v", name, err)
+		}
+		if _, dup := pol.Lists[name]; dup {
+			return p.errf(k, "lists", "list %q defined twice", name)
+		}
+		f, err := p.fields(v, "lists."+name, "files", "prefixes")
+		if err != nil {
+			return err
+		}
+		l := &List{Name: name}
+		if fn := f["prefixes"]; fn != nil {
+			vals, err := p.strings(fn, "lists."+name+".prefixes")
+			if err != nil {
+				return err
+			}
+			for j, s := range vals {
+				pfx, err := ParsePrefix(s)
+				if err != nil {
+					at := fn
+					if fn.Kind == yaml.SequenceNode {
+						at = fn.Content[j]
+					}
+					return p.errf(at, "lists."+name+".prefixes", "%v", err)
+				}
+				l.Prefixes = append(l.Prefixes, pfx)
+			}
+		}
+		if fn := f["files"]; fn != nil {
+			files, err := p.strings(fn, "lists."+name+".files")
+			if err != nil {
+				return err
+			}
+			for _, file := range files {
+				if !filepath.IsAbs(file) {
+					file = filepath.Join(p.dir, file)
+				}
+				pfxs, err := ReadListFile(file)
+				if err != nil {
+					var le *Error
+					if errors.As(err, &le) {
+						return err
+					}
+					return p.errf(fn, "lists."+name+".files", "%v", err)
+				}
+				l.Prefixes = append(l.Prefixes, pfxs...)
+			}
+		}
+		if f["files"] == nil && f["prefixes"] == nil {
+			return p.errf(v, "lists."+name, "needs files or prefixes")
+		}
+		l.set = NewPrefixSet(l.Prefixes)
+		pol.Lists[name] = l
+	}
+	return nil
+}
+
+func validName(s string) error {
+	if s == "" {
+		return errors.New("must not be empty")
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return fmt.Errorf("may hold only letters, digits, '-', '_' and '.'")
+		}
+	}
+	return nil
+}
+
+// ParsePrefix reads a CIDR prefix or a bare address (a host prefix), clearing
+// host bits.
+func ParsePrefix(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "/") {
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, fmt.Errorf("bad prefix %q: %v", s, strings.TrimPrefix(err.Error(), "netip.ParsePrefix("+strconv.Quote(s)+"): "))
+		}
+		return pfx.Masked(), nil
+	}
+	addr, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("bad address %q: neither an IP address nor a CIDR prefix", s)
+	}
+	addr = addr.WithZone("")
+	return netip.PrefixFrom(addr, addr.BitLen()), nil
+}
+
+var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
+
+func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
+	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "action")
+	if err != nil {
+		return Rule{}, err
+	}
+	r := Rule{Line: n.Line, Proto: -1}
+	nameNode := f["name"]
+	if nameNode == nil || nameNode.Value == "" {
+		return r, p.errf(n, "name", "every rule needs a non-empty name")
+	}
+	r.Name = nameNode.Value
+	if err := validName(r.Name); err != nil {
+		return r, p.errf(nameNode, "name", "%q: %v", r.Name, err)
+	}
+	for _, side := range []struct {
+		key string
+		out *[]string
+	}{{"src", &r.Src}, {"dst", &r.Dst}} {
+		sn := f[side.key]
+		if sn == nil {
+			continue
+		}
+		vals, err := p.strings(sn, side.key)
+		if err != nil {
+			return r, err
+		}
+		for _, v := range vals {
+			name, err := p.listRef(sn, side.key, v, pol)
+			if err != nil {
+				return r, err
+			}
+			*side.out = append(*side.out, name)
+		}
+	}
+	if fn := f["family"]; fn != nil {
+		switch strings.TrimPrefix(strings.ToLower(fn.Value), "ipv") {
+		case "4":
+			r.Family = 4
+		case "6":
+			r.Family = 6
+		default:
+			return r, p.errf(fn, "family", "%q: must be 4 or 6", fn.Value)
+		}
+	}
+	if fn := f["proto"]; fn != nil {
+		if v, ok := protoNames[strings.ToLower(fn.Value)]; ok {
+			r.Proto = v
+		} else if v, err := strconv.Atoi(fn.Value); err == nil && v >= 0 && v <= 255 {
+			r.Proto = v
+		} else {
+			return r, p.errf(fn, "proto", "%q: use tcp, udp, icmp, icmpv6 or a number 0-255", fn.Value)
+		}
+	}
+	for _, rf := range []struct {
+		key string
+		out **Range
+	}{{"sport", &r.Sport}, {"dport", &r.Dport}, {"length", &r.Length}} {
+		fn := f[rf.key]
+		if fn == nil {
+			continue
+		}
+		rg, err := parseRange(fn.Value)
+		if err != nil {
+			return r, p.errf(fn, rf.key, "%v", err)
+		}
+		*rf.out = &rg
+	}
+	if fn := f["tcp_flags"]; fn != nil {
+		r.FlagsOn, r.FlagsOff, err = parseTCPFlags(fn.Value)
+		if err != nil {
+			return r, p.errf(fn, "tcp_flags", "%v", err)
+		}
+		r.HasFlags = true
+	}
+	an := f["action"]
+	if an == nil {
+		return r, p.errf(n, "action", "rule %q needs an action (drop or pass)", r.Name)
+	}
+	if r.Action, err = p.action(an, "action"); err != nil {
+		return r, err
+	}
+	return r, p.consistent(n, &r)
+}
+
+// consistent refuses rules that could never match.
+func (p *parser) consistent(n *yaml.Node, r *Rule) error {
+	hasPorts := r.Sport != nil || r.Dport != nil
+	if hasPorts && r.Proto >= 0 && r.Proto != protoTCP && r.Proto != protoUDP {
+		return p.errf(n, "proto", "rule %q matches ports, which only tcp and udp have", r.Name)
+	}
+	if r.HasFlags && r.Proto >= 0 && r.Proto != protoTCP {
+		return p.errf(n, "tcp_flags", "rule %q matches TCP flags but its proto is not tcp", r.Name)
+	}
+	if r.Proto == protoICMP && r.Family == 6 || r.Proto == protoICMPv6 && r.Family == 4 {
+		return p.errf(n, "proto", "rule %q: icmp is IPv4's and icmpv6 is IPv6's", r.Name)
+	}
+	return nil
+}
+
+// listRef resolves a src/dst value: a list name, or an inline prefix that
+// becomes a list of its own named by the prefix.
+func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, error) {
+	if _, ok := pol.Lists[v]; ok {
+		return v, nil
+	}
+	pfx, err := ParsePrefix(v)
+	if err != nil {
+		if strings.ContainsAny(v, ".:/") {
+			return "", p.errf(n, field, "%v", err)
+		}
+		return "", p.errf(n, field, "%q is neither a list defined under lists nor a prefix", v)
+	}
+	name := pfx.String()
+	if _, ok := pol.Lists[name]; !ok {
+		pol.Lists[name] = &List{Name: name, Prefixes: []netip.Prefix{pfx}, set: NewPrefixSet([]netip.Prefix{pfx})}
+	}
+	return name, nil
+}
+
+func (p *parser) action(n *yaml.Node, field string) (Action, error) {
+	switch strings.ToLower(n.Value) {
+	case "drop":
+		return Drop, nil
+	case "pass":
+		return Pass, nil
+	}
+	return Pass, p.errf(n, field, "%q: must be drop or pass", n.Value)
+}
+
+func parseRange(s string) (Range, error) {
+	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	if !isRange {
+		hi = lo
+	}
+	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 32)
+	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 32)
+	if err1 != nil || err2 != nil {
+		return Range{}, fmt.Errorf("%q: want a number or a range lo-hi", s)
+	}
+	if a > 65535 || b > 65535 {
+		return Range{}, fmt.Errorf("%q: values go up to 65535", s)
+	}
+	if a > b {
+		return Range{}, fmt.Errorf("%q: start is above end", s)
+	}
+	return Range{uint16(a), uint16(b)}, nil
+}
+
+func parseTCPFlags(s string) (on, off uint8, err error) {
+	for _, part := range strings.Split(s, ",") {
+		part = strings.ToLower(strings.TrimSpace(part))
+		neg := strings.HasPrefix(part, "!")
+		name := strings.TrimPrefix(part, "!")
+		bit := -1
+		for i, n := range tcpFlagNames {
+			if n == name {
+				bit = i
+			}
+		}
+		if bit < 0 {
+			return 0, 0, fmt.Errorf("%q: unknown flag %q (flags: %s; prefix ! for must-be-clear)", s, name, strings.Join(tcpFlagNames, ","))
+		}
+		if neg {
+			off |= 1 << bit
+		} else {
+			on |= 1 << bit
+		}
+	}
+	if on&off != 0 {
+		return 0, 0, fmt.Errorf("%q: a flag cannot be both set and clear", s)
+	}
+	return on, off, nil
+}

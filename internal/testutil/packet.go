@@ -1,0 +1,150 @@
+// Package testutil holds what rampart's tests share: a frame builder,
+// network-namespace helpers and the privilege gate.
+package testutil
+
+import (
+	"encoding/binary"
+	"net/netip"
+)
+
+// Frame describes a test frame. Zero values give a plain untagged frame.
+type Frame struct {
+	VLANs     []uint16 // outer first; 0x88a8 is used for the outer of two
+	EtherType uint16   // overrides the one implied by Src (e.g. ARP)
+	Src, Dst  netip.Addr
+	IPOptions []byte   // IPv4 options, a multiple of 4 bytes
+	Ext       []ExtHdr // IPv6 extension headers in order
+	FragOff   uint16   // fragment offset in 8-byte units
+	MoreFrags bool
+	Fragment  bool // IPv6: add a fragment header even when FragOff is 0
+	Proto     uint8
+	Sport     uint16
+	Dport     uint16
+	TCPFlags  uint8
+	Payload   int // payload bytes after the L4 header
+}
+
+// ExtHdr is one IPv6 extension header: its type and total length in bytes
+// (a multiple of 8, or of 4 for AH).
+type ExtHdr struct {
+	Type uint8
+	Len  int
+}
+
+// Bytes renders the frame.
+func (f Frame) Bytes() []byte {
+	b := make([]byte, 12, 128)
+	copy(b[0:6], []byte{0x02, 0, 0, 0, 0, 2})
+	copy(b[6:12], []byte{0x02, 0, 0, 0, 0, 1})
+	et := f.EtherType
+	if et == 0 {
+		et = 0x0800
+		if f.Src.Is6() {
+			et = 0x86dd
+		}
+	}
+	for i, v := range f.VLANs {
+		tpid := uint16(0x8100)
+		if i == 0 && len(f.VLANs) > 1 {
+			tpid = 0x88a8
+		}
+		b = binary.BigEndian.AppendUint16(b, tpid)
+		b = binary.BigEndian.AppendUint16(b, v)
+	}
+	b = binary.BigEndian.AppendUint16(b, et)
+	if et != 0x0800 && et != 0x86dd {
+		return append(b, make([]byte, 46)...)
+	}
+	l4 := f.l4()
+	if f.Src.Is4() {
+		hl := 20 + len(f.IPOptions)
+		ip := make([]byte, hl)
+		ip[0] = 0x40 | byte(hl/4)
+		binary.BigEndian.PutUint16(ip[2:], uint16(hl+len(l4)))
+		frag := f.FragOff & 0x1fff
+		if f.MoreFrags {
+			frag |= 0x2000
+		}
+		binary.BigEndian.PutUint16(ip[6:], frag)
+		ip[8] = 64
+		ip[9] = f.Proto
+		s, d := f.Src.As4(), f.Dst.As4()
+		copy(ip[12:], s[:])
+		copy(ip[16:], d[:])
+		copy(ip[20:], f.IPOptions)
+		binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+		b = append(b, ip...)
+		return append(b, l4...)
+	}
+	var ext []byte
+	hdrs := f.Ext
+	if f.FragOff != 0 || f.MoreFrags || f.Fragment {
+		hdrs = append(append([]ExtHdr{}, hdrs...), ExtHdr{Type: 44, Len: 8})
+	}
+	next := f.Proto
+	// Build back to front so each header names the one after it.
+	for i := len(hdrs) - 1; i >= 0; i-- {
+		h := make([]byte, hdrs[i].Len)
+		h[0] = next
+		switch hdrs[i].Type {
+		case 44:
+			fo := f.FragOff << 3
+			if f.MoreFrags {
+				fo |= 1
+			}
+			binary.BigEndian.PutUint16(h[2:], fo)
+		case 51:
+			h[1] = byte(hdrs[i].Len/4 - 2)
+		default:
+			h[1] = byte(hdrs[i].Len/8 - 1)
+		}
+		ext = append(h, ext...)
+		next = hdrs[i].Type
+	}
+	ip := make([]byte, 40)
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+len(l4)))
+	ip[6] = next
+	ip[7] = 64
+	s, d := f.Src.As16(), f.Dst.As16()
+	copy(ip[8:], s[:])
+	copy(ip[24:], d[:])
+	b = append(b, ip...)
+	b = append(b, ext...)
+	return append(b, l4...)
+}
+
+func (f Frame) l4() []byte {
+	var h []byte
+	switch f.Proto {
+	case 6:
+		h = make([]byte, 20)
+		h[12] = 5 << 4
+		h[13] = f.TCPFlags
+	case 17:
+		h = make([]byte, 8)
+		binary.BigEndian.PutUint16(h[4:], uint16(8+f.Payload))
+	case 1, 58:
+		h = make([]byte, 8)
+		h[0] = 8
+	}
+	if f.Proto == 6 || f.Proto == 17 {
+		binary.BigEndian.PutUint16(h[0:], f.Sport)
+		binary.BigEndian.PutUint16(h[2:], f.Dport)
+	}
+	if f.FragOff != 0 {
+		h = nil // a non-first fragment carries payload only
+	}
+	return append(h, make([]byte, f.Payload)...)
+}
+
+func checksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
+}
