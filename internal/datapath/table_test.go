@@ -89,19 +89,19 @@ func tableCases() []tcase {
 		{"v6 first fragment has ports", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Fragment = true; f.MoreFrags = true; f.Dport = 40005 }), drop, slotUDPHigh},
 		{"v6 non-first fragment no ports", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.FragOff = 10; f.Dport = 40005 }), pass, datapath.SlotDefault},
 		{"v6 non-first fragment L3 match", with(v6("2001:db8:bad::1", "2001:db8::2"), func(f *testutil.Frame) { f.FragOff = 10 }), drop, slotDropBad},
-		{"v6 hop-by-hop", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Ext = []testutil.ExtHdr{{0, 8}}; f.Dport = 40001 }), drop, slotUDPHigh},
+		{"v6 hop-by-hop", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8)}; f.Dport = 40001 }), drop, slotUDPHigh},
 		{"v6 ext chain", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) {
-			f.Ext = []testutil.ExtHdr{{0, 8}, {60, 16}, {43, 24}, {51, 12}, {60, 8}}
+			f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(60, 16), testutil.Ext(43, 24), testutil.Ext(51, 12), testutil.Ext(60, 8)}
 			f.Proto, f.Dport, f.TCPFlags = 6, 80, 0x02
 		}), drop, slotSynClosed},
 		{"v6 chain of 8 then l4", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) {
-			f.Ext = []testutil.ExtHdr{{0, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}}
+			f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8)}
 			f.Fragment, f.Dport = true, 40001
 		}), drop, slotUDPHigh},
 		{"v6 chain of 9 is malformed", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) {
-			f.Ext = []testutil.ExtHdr{{0, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}, {60, 8}}
+			f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8)}
 		}), pass, datapath.SlotMalformed},
-		{"v6 headers past 512 bytes", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Ext = []testutil.ExtHdr{{60, 2048}} }), pass, datapath.SlotMalformed},
+		{"v6 headers past 512 bytes", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Ext = []testutil.ExtHdr{testutil.Ext(60, 2048)} }), pass, datapath.SlotMalformed},
 		{"bad ip version", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) {}), pass, datapath.SlotMalformed},
 		{"ihl below 5", nil, pass, datapath.SlotMalformed},
 	}
@@ -119,7 +119,7 @@ func truncations() []tcase {
 	for _, f := range []testutil.Frame{
 		{Src: ip("10.0.0.1"), Dst: ip("10.0.0.2"), Proto: 6, Dport: 80, TCPFlags: 2, IPOptions: make([]byte, 8)},
 		{Src: ip("10.0.0.1"), Dst: ip("10.0.0.2"), Proto: 17, Dport: 40001, VLANs: []uint16{1, 2}},
-		{Src: ip("2001:db8::1"), Dst: ip("2001:db8::2"), Proto: 17, Dport: 40001, Ext: []testutil.ExtHdr{{0, 8}, {51, 12}}, Fragment: true},
+		{Src: ip("2001:db8::1"), Dst: ip("2001:db8::2"), Proto: 17, Dport: 40001, Ext: []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(51, 12)}, Fragment: true},
 		{Src: ip("2001:db8::1"), Dst: ip("2001:db8::2"), Proto: 6, Dport: 80, TCPFlags: 2},
 	} {
 		full := f.Bytes()

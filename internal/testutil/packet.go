@@ -148,3 +148,6 @@ func checksum(b []byte) uint16 {
 	}
 	return ^uint16(s)
 }
+
+// Ext is an extension header of type typ and n bytes.
+func Ext(typ uint8, n int) ExtHdr { return ExtHdr{Type: typ, Len: n} }

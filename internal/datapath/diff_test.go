@@ -1,0 +1,220 @@
+package datapath_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+// TestDifferential runs random and mutated frames through the BPF program and
+// through policy.Eval under random policies. Every frame's action must agree,
+// and so must the per-slot counters after each policy's batch.
+// RAMPART_DIFF_FRAMES sets the XDP frame count (default 1,000,000); tc runs a
+// quarter of it.
+func TestDifferential(t *testing.T) {
+	testutil.Privileged(t)
+	total := 1_000_000
+	if s := os.Getenv("RAMPART_DIFF_FRAMES"); s != "" {
+		total, _ = strconv.Atoi(s)
+	}
+	if testing.Short() {
+		total = 20_000
+	}
+	for _, kind := range []datapath.Kind{datapath.KindXDP, datapath.KindTC} {
+		frames := total
+		if kind == datapath.KindTC {
+			frames = total / 4
+		}
+		t.Run(kind.String(), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, uint64(kind)))
+			const perPolicy = 5000
+			ran := 0
+			for ran < frames {
+				yaml := randomPolicy(rng)
+				l := load(t, kind, yaml)
+				ran += diffBatch(t, rng, l, min(perPolicy, frames-ran), yaml)
+				l.objs.Close()
+			}
+			t.Logf("%s: %d frames agreed", kind, ran)
+		})
+	}
+}
+
+func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int {
+	t.Helper()
+	want := make([]uint64, datapath.NumSlots)
+	ran := 0
+	for ran < n {
+		frame := randomFrame(rng)
+		if !runnable(l.objs.Prog.Type(), frame) {
+			continue
+		}
+		ret, err := l.objs.Prog.Run(&ebpf.RunOptions{Data: frame})
+		if err != nil {
+			t.Fatalf("prog run on %x: %v", frame, err)
+		}
+		v := l.pol.Eval(frame)
+		if got := actionOf(l.objs.Prog.Type(), ret); got != uint8(v.Action) {
+			t.Fatalf("disagreement on frame %x\npolicy:\n%s\ndata plane action %d, reference %+v", frame, yaml, got, v)
+		}
+		want[expectedSlot(v)]++
+		ran++
+	}
+	got, err := datapath.ReadCounters(l.objs.Counters)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for slot := range want {
+		if got[slot].Packets != want[slot] {
+			t.Fatalf("slot %d counted %d packets, reference %d\npolicy:\n%s", slot, got[slot].Packets, want[slot], yaml)
+		}
+	}
+	return ran
+}
+
+// The address universe is small so that random frames hit random lists.
+func randomAddr(rng *rand.Rand, v6 bool) netip.Addr {
+	if v6 {
+		var b [16]byte
+		copy(b[:], []byte{0x20, 0x01, 0x0d, 0xb8})
+		b[4], b[5], b[15] = byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(8))
+		return netip.AddrFrom16(b)
+	}
+	return netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(8))})
+}
+
+func randomPrefix(rng *rand.Rand) netip.Prefix {
+	v6 := rng.IntN(3) == 0
+	a := randomAddr(rng, v6)
+	bits := []int{8, 14, 16, 22, 24, 30, 31, 32}[rng.IntN(8)]
+	if v6 {
+		bits = []int{32, 40, 46, 48, 64, 120, 126, 128}[rng.IntN(8)]
+	}
+	return netip.PrefixFrom(a, bits).Masked()
+}
+
+func randomRange(rng *rand.Rand, lo, hi int) string {
+	a := lo + rng.IntN(hi-lo+1)
+	if rng.IntN(2) == 0 {
+		return strconv.Itoa(a)
+	}
+	return fmt.Sprintf("%d-%d", a, a+rng.IntN(hi-a+1))
+}
+
+func randomPolicy(rng *rand.Rand) string {
+	var b strings.Builder
+	nLists := 1 + rng.IntN(6)
+	b.WriteString("lists:\n")
+	for i := 0; i < nLists; i++ {
+		var ps []string
+		for j := 0; j < 1+rng.IntN(40); j++ {
+			ps = append(ps, fmt.Sprintf("%q", randomPrefix(rng)))
+		}
+		fmt.Fprintf(&b, "  l%d: {prefixes: [%s]}\n", i, strings.Join(ps, ", "))
+	}
+	b.WriteString("rules:\n")
+	for i := 0; i < rng.IntN(12); i++ {
+		var f []string
+		f = append(f, fmt.Sprintf("name: r%d", i))
+		proto := ""
+		if rng.IntN(2) == 0 {
+			proto = []string{"tcp", "udp", "icmp", "icmpv6", "47"}[rng.IntN(5)]
+			f = append(f, "proto: "+proto)
+		}
+		if rng.IntN(3) == 0 && proto != "icmp" && proto != "icmpv6" {
+			f = append(f, fmt.Sprintf("family: %d", []int{4, 6}[rng.IntN(2)]))
+		}
+		for _, side := range []string{"src", "dst"} {
+			switch rng.IntN(4) {
+			case 0:
+				f = append(f, fmt.Sprintf("%s: l%d", side, rng.IntN(nLists)))
+			case 1:
+				f = append(f, fmt.Sprintf("%s: [l%d, %q]", side, rng.IntN(nLists), randomPrefix(rng)))
+			}
+		}
+		if proto == "tcp" || proto == "udp" || proto == "" {
+			if rng.IntN(3) == 0 {
+				f = append(f, "sport: "+strconv.Quote(randomRange(rng, 0, 70)))
+			}
+			if rng.IntN(3) == 0 {
+				f = append(f, "dport: "+strconv.Quote(randomRange(rng, 0, 70)))
+			}
+		}
+		if (proto == "tcp" || proto == "") && rng.IntN(3) == 0 {
+			flags := []string{"syn", "syn,!ack", "ack", "!syn", "fin,ack", "rst"}[rng.IntN(6)]
+			f = append(f, fmt.Sprintf("tcp_flags: %q", flags))
+		}
+		if rng.IntN(4) == 0 {
+			f = append(f, "length: "+strconv.Quote(randomRange(rng, 0, 200)))
+		}
+		f = append(f, "action: "+[]string{"drop", "pass"}[rng.IntN(2)])
+		fmt.Fprintf(&b, "  - {%s}\n", strings.Join(f, ", "))
+	}
+	fmt.Fprintf(&b, "default: %s\n", []string{"drop", "pass"}[rng.IntN(2)])
+	if !strings.Contains(b.String(), "  - {") {
+		return strings.Replace(b.String(), "rules:\n", "rules: []\n", 1)
+	}
+	return b.String()
+}
+
+func randomFrame(rng *rand.Rand) []byte {
+	if rng.IntN(50) == 0 { // pure noise
+		b := make([]byte, 14+rng.IntN(120))
+		for i := range b {
+			b[i] = byte(rng.UintN(256))
+		}
+		return b
+	}
+	v6 := rng.IntN(2) == 0
+	f := testutil.Frame{
+		Src: randomAddr(rng, v6), Dst: randomAddr(rng, v6),
+		Proto:    []uint8{6, 17, 1, 58, 47, 6, 17}[rng.IntN(7)],
+		Sport:    uint16(rng.IntN(72)),
+		Dport:    uint16(rng.IntN(72)),
+		TCPFlags: uint8(rng.UintN(256)),
+		Payload:  rng.IntN(160),
+	}
+	if rng.IntN(5) == 0 {
+		f.VLANs = []uint16{uint16(rng.IntN(4096)), uint16(rng.IntN(4096))}[:1+rng.IntN(2)]
+	}
+	if rng.IntN(8) == 0 {
+		f.EtherType = []uint16{0x0806, 0x88cc, 0x8100}[rng.IntN(3)]
+	}
+	if rng.IntN(6) == 0 {
+		f.MoreFrags = rng.IntN(2) == 0
+		f.FragOff = uint16(rng.IntN(3))
+		f.Fragment = true
+	}
+	if !v6 && rng.IntN(6) == 0 {
+		f.IPOptions = make([]byte, 4*rng.IntN(11))
+	}
+	if v6 && rng.IntN(4) == 0 {
+		for i := 0; i < rng.IntN(10); i++ {
+			typ := []uint8{0, 43, 60, 51, 60}[rng.IntN(5)]
+			n := 8 * (1 + rng.IntN(4))
+			if typ == 51 {
+				n = 4 * (3 + rng.IntN(4))
+			}
+			f.Ext = append(f.Ext, testutil.ExtHdr{Type: typ, Len: n})
+		}
+	}
+	b := f.Bytes()
+	switch rng.IntN(6) {
+	case 0: // flip a few bytes anywhere
+		for i := 0; i < 1+rng.IntN(4); i++ {
+			b[rng.IntN(len(b))] = byte(rng.UintN(256))
+		}
+	case 1: // truncate
+		b = b[:14+rng.IntN(len(b)-13)]
+	}
+	return b
+}
