@@ -55,15 +55,15 @@ func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int 
 	ran := 0
 	for ran < n {
 		frame := randomFrame(rng)
-		if !runnable(l.objs.Prog.Type(), frame) {
+		if !runnable(l.prog.Type(), frame) {
 			continue
 		}
-		ret, err := l.objs.Prog.Run(&ebpf.RunOptions{Data: frame})
+		ret, err := l.prog.Run(&ebpf.RunOptions{Data: frame})
 		if err != nil {
 			t.Fatalf("prog run on %x: %v", frame, err)
 		}
 		v := l.pol.Eval(frame)
-		if got := actionOf(l.objs.Prog.Type(), ret); got != uint8(v.Action) {
+		if got := actionOf(l.prog.Type(), ret); got != uint8(v.Action) {
 			t.Fatalf("disagreement on frame %x\npolicy:\n%s\ndata plane action %d, reference %+v", frame, yaml, got, v)
 		}
 		want[expectedSlot(v)]++

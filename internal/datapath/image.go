@@ -1,5 +1,11 @@
 package datapath
 
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+)
+
 // Image is everything one policy puts into the kernel: the read-only rule
 // array and the contents of the prefix-list maps. internal/compile builds it;
 // Load turns it into a program and maps.
@@ -53,3 +59,13 @@ const (
 	MatchIPv4     = 1 << 7
 	MatchIPv6     = 1 << 8
 )
+
+// Hash identifies the policy an image holds: equal hashes, equal behaviour.
+func (img *Image) Hash() string {
+	h := sha256.New()
+	binary.Write(h, binary.LittleEndian, img.Rules)
+	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, boolByte(img.NeedSrc), boolByte(img.NeedDst)})
+	binary.Write(h, binary.LittleEndian, img.V4)
+	binary.Write(h, binary.LittleEndian, img.V6)
+	return hex.EncodeToString(h.Sum(nil))
+}

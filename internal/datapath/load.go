@@ -9,15 +9,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// Objects is one loaded policy: a program and the maps it reads.
+// Objects is one loaded policy: an XDP and a tc program over one set of maps,
+// so that `auto` can fall back from XDP to tc without loading lists twice.
 type Objects struct {
-	Prog     *ebpf.Program
+	XDP      *ebpf.Program
+	TC       *ebpf.Program
 	Counters *ebpf.Map
 	ListsV4  *ebpf.Map
 	ListsV6  *ebpf.Map
 }
 
-// Kind selects the program type to load.
+// Kind selects one of the two programs.
 type Kind int
 
 const (
@@ -25,9 +27,17 @@ const (
 	KindTC
 )
 
+// Prog returns the program of the given kind.
+func (o *Objects) Prog(k Kind) *ebpf.Program {
+	if k == KindTC {
+		return o.TC
+	}
+	return o.XDP
+}
+
 // Load builds a fresh program and fresh maps holding img. Nothing is attached.
 // A verifier rejection is returned whole.
-func Load(img *Image, kind Kind) (*Objects, error) {
+func Load(img *Image) (*Objects, error) {
 	if len(img.Rules) > MaxRules {
 		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), MaxRules)
 	}
@@ -51,16 +61,12 @@ func Load(img *Image, kind Kind) (*Objects, error) {
 	spec.Maps["lists_v4"].MaxEntries = uint32(max(1, len(img.V4)))
 	spec.Maps["lists_v6"].MaxEntries = uint32(max(1, len(img.V6)))
 
-	progName := "rampart_xdp"
-	if kind == KindTC {
-		progName = "rampart_tc"
-	}
 	var objs struct {
 		Counters *ebpf.Map     `ebpf:"counters"`
 		ListsV4  *ebpf.Map     `ebpf:"lists_v4"`
 		ListsV6  *ebpf.Map     `ebpf:"lists_v6"`
 	}
-	coll, err := ebpf.NewCollection(onlyProgram(spec, progName))
+	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
@@ -72,23 +78,12 @@ func Load(img *Image, kind Kind) (*Objects, error) {
 	if err := coll.Assign(&objs); err != nil {
 		return nil, err
 	}
-	o := &Objects{Prog: coll.DetachProgram(progName), Counters: objs.Counters, ListsV4: objs.ListsV4, ListsV6: objs.ListsV6}
+	o := &Objects{XDP: coll.DetachProgram("rampart_xdp"), TC: coll.DetachProgram("rampart_tc"), Counters: objs.Counters, ListsV4: objs.ListsV4, ListsV6: objs.ListsV6}
 	if err := o.fill(img); err != nil {
 		o.Close()
 		return nil, err
 	}
 	return o, nil
-}
-
-// onlyProgram keeps one program so that only it is loaded and verified.
-func onlyProgram(spec *ebpf.CollectionSpec, name string) *ebpf.CollectionSpec {
-	spec = spec.Copy()
-	for n := range spec.Programs {
-		if n != name {
-			delete(spec.Programs, n)
-		}
-	}
-	return spec
 }
 
 func boolByte(b bool) uint8 {
@@ -144,7 +139,7 @@ func putAll[K any](m *ebpf.Map, keys []K, vals []uint64) error {
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
 func (o *Objects) Close() {
-	for _, c := range []interface{ Close() error }{o.Prog, o.Counters, o.ListsV4, o.ListsV6} {
+	for _, c := range []interface{ Close() error }{o.XDP, o.TC, o.Counters, o.ListsV4, o.ListsV6} {
 		if c != nil {
 			c.Close()
 		}
@@ -157,7 +152,7 @@ func (o *Objects) Pin(dir string) error {
 		return err
 	}
 	for name, p := range map[string]interface{ Pin(string) error }{
-		"prog": o.Prog, "counters": o.Counters, "lists_v4": o.ListsV4, "lists_v6": o.ListsV6,
+		"xdp": o.XDP, "tc": o.TC, "counters": o.Counters, "lists_v4": o.ListsV4, "lists_v6": o.ListsV6,
 	} {
 		if err := p.Pin(filepath.Join(dir, name)); err != nil {
 			os.RemoveAll(dir)

@@ -17,6 +17,7 @@ import (
 type loaded struct {
 	pol  *policy.Policy
 	objs *datapath.Objects
+	prog *ebpf.Program
 }
 
 func load(t testing.TB, kind datapath.Kind, yaml string) *loaded {
@@ -26,12 +27,12 @@ func load(t testing.TB, kind datapath.Kind, yaml string) *loaded {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs, err := datapath.Load(compile.Build(pol), kind)
+	objs, err := datapath.Load(compile.Build(pol))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(objs.Close)
-	return &loaded{pol, objs}
+	return &loaded{pol, objs, objs.Prog(kind)}
 }
 
 // run passes one frame through the program and returns its action and the
@@ -42,7 +43,7 @@ func (l *loaded) run(t testing.TB, frame []byte) (uint8, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ret, err := l.objs.Prog.Run(&ebpf.RunOptions{Data: frame})
+	ret, err := l.prog.Run(&ebpf.RunOptions{Data: frame})
 	if err != nil {
 		t.Fatalf("prog run: %v", err)
 	}
@@ -62,7 +63,7 @@ func (l *loaded) run(t testing.TB, frame []byte) (uint8, int) {
 			slot = i
 		}
 	}
-	return actionOf(l.objs.Prog.Type(), ret), slot
+	return actionOf(l.prog.Type(), ret), slot
 }
 
 // runnable reports whether BPF_PROG_TEST_RUN accepts the frame for this

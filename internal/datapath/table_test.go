@@ -134,7 +134,7 @@ func TestTable(t *testing.T) {
 	for _, kind := range []datapath.Kind{datapath.KindXDP, datapath.KindTC} {
 		l := load(t, kind, tablePolicy)
 		for _, c := range append(tableCases(), truncations()...) {
-			if !runnable(l.objs.Prog.Type(), c.frame) {
+			if !runnable(l.prog.Type(), c.frame) {
 				continue
 			}
 			t.Run(fmt.Sprintf("%v/%s", kind, c.name), func(t *testing.T) {

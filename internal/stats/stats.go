@@ -1,0 +1,73 @@
+// Package stats turns rampart's per-CPU counters into per-rule totals and
+// rates.
+package stats
+
+import (
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+)
+
+// Row is one counter of one hook: a rule, the default, malformed or non-IP.
+type Row struct {
+	Iface     string  `json:"iface"`
+	Netns     string  `json:"netns,omitempty"`
+	Direction string  `json:"direction"`
+	Kind      string  `json:"kind"` // rule, default, malformed, non-ip
+	Name      string  `json:"name"`
+	Action    string  `json:"action"`
+	Packets   uint64  `json:"packets"`
+	Bytes     uint64  `json:"bytes"`
+	PPS       float64 `json:"pps"`
+	BPS       float64 `json:"bps"`
+}
+
+// Snapshot is every row at one instant.
+type Snapshot struct {
+	Time time.Time `json:"time"`
+	Rows []Row     `json:"rules"`
+}
+
+// Take reads the counters of every state.
+func Take(states []*datapath.State) (Snapshot, error) {
+	s := Snapshot{Time: time.Now()}
+	for _, st := range states {
+		counts, err := datapath.Counters(st)
+		if err != nil {
+			return s, err
+		}
+		row := func(kind, name, action string, c datapath.Counter) Row {
+			return Row{Iface: st.Hook.Iface, Netns: st.Hook.Netns, Direction: st.Hook.Direction(),
+				Kind: kind, Name: name, Action: action, Packets: c.Packets, Bytes: c.Bytes}
+		}
+		for i, r := range st.Rules {
+			s.Rows = append(s.Rows, row("rule", r.Name, r.Action, counts[datapath.SlotRule0+i]))
+		}
+		s.Rows = append(s.Rows,
+			row("default", "default", st.Default, counts[datapath.SlotDefault]),
+			row("malformed", "malformed", "pass", counts[datapath.SlotMalformed]),
+			row("non-ip", "non-ip", "pass", counts[datapath.SlotNonIP]))
+	}
+	return s, nil
+}
+
+// Rates fills cur's per-second rates from the previous snapshot. Rows are
+// matched by hook and name; a row without a predecessor keeps rate 0.
+func Rates(prev, cur *Snapshot) {
+	dt := cur.Time.Sub(prev.Time).Seconds()
+	if dt <= 0 {
+		return
+	}
+	type key struct{ iface, netns, dir, name string }
+	before := map[key]Row{}
+	for _, r := range prev.Rows {
+		before[key{r.Iface, r.Netns, r.Direction, r.Name}] = r
+	}
+	for i := range cur.Rows {
+		r := &cur.Rows[i]
+		if p, ok := before[key{r.Iface, r.Netns, r.Direction, r.Name}]; ok && r.Packets >= p.Packets {
+			r.PPS = float64(r.Packets-p.Packets) / dt
+			r.BPS = float64(r.Bytes-p.Bytes) * 8 / dt
+		}
+	}
+}
