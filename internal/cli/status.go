@@ -73,12 +73,12 @@ func layer(m datapath.Mode) string {
 	return "xdp"
 }
 
-// states lists the hooks of the selected namespace, after rolling back any
+// states lists the hooks of the --netns namespace (all without it), after rolling back any
 // unconfirmed apply whose watchdog did not (a reboot or kill of it).
 func (g *globals) states() ([]*datapath.State, error) {
 	if unlock, err := datapath.Lock(); err == nil {
 		datapath.Expired("", time.Now())
 		unlock()
 	}
-	return datapath.States(g.netns, false)
+	return datapath.States(g.netns, g.netns == "")
 }

@@ -50,7 +50,10 @@ func Install(h Hook, objs *Objects, meta State, mode Mode, force bool, deadline 
 
 	st.Carried = make([]Counter, SlotRule0+len(st.Rules))
 	if old != nil {
-		carry(old, &st)
+		addCounts(old.Rules, old.Carried, &st)
+		if live, err := liveCounters(old); err == nil {
+			addCounts(old.Rules, live, &st)
+		}
 	}
 	p := &Pending{Token: token, Deadline: deadline.UTC(), Previous: old}
 	if old != nil && old.Pending != nil {
@@ -90,39 +93,35 @@ func loadPinnedProgs(dir string) (*Objects, error) {
 	return &Objects{XDP: xdp, TC: tc}, nil
 }
 
-// carry moves the counts of rules that keep their name and match, and of the
-// fixed slots, from old's counters into st.Carried.
-func carry(old *State, st *State) {
-	counts := old.Carried
-	if m, err := ebpf.LoadPinnedMap(old.Hook.genDir(old.Generation)+"/counters", nil); err == nil {
-		if live, err := ReadCounters(m); err == nil {
-			counts = make([]Counter, len(live))
-			for i := range live {
-				counts[i] = live[i]
-				if i < len(old.Carried) {
-					counts[i].Packets += old.Carried[i].Packets
-					counts[i].Bytes += old.Carried[i].Bytes
-				}
-			}
+// addCounts adds counts (indexed by the slots of rules) into to.Carried for
+// the fixed slots and for every rule of to with the same name and match.
+func addCounts(rules []RuleInfo, counts []Counter, to *State) {
+	add := func(dst, src int) {
+		if src < len(counts) {
+			to.Carried[dst].Packets += counts[src].Packets
+			to.Carried[dst].Bytes += counts[src].Bytes
 		}
-		m.Close()
-	}
-	at := func(slot int) Counter {
-		if slot < len(counts) {
-			return counts[slot]
-		}
-		return Counter{}
 	}
 	for slot := 0; slot < SlotRule0; slot++ {
-		st.Carried[slot] = at(slot)
+		add(slot, slot)
 	}
-	for i, r := range st.Rules {
-		for j, o := range old.Rules {
+	for i, r := range to.Rules {
+		for j, o := range rules {
 			if o.Name == r.Name && o.Match == r.Match {
-				st.Carried[SlotRule0+i] = at(SlotRule0 + j)
+				add(SlotRule0+i, SlotRule0+j)
 			}
 		}
 	}
+}
+
+// liveCounters reads the counters map of a state's own generation.
+func liveCounters(st *State) ([]Counter, error) {
+	m, err := ebpf.LoadPinnedMap(st.Hook.genDir(st.Generation)+"/counters", nil)
+	if err != nil {
+		return nil, fmt.Errorf("%s: counters not found (was it detached by hand?): %w", st.Hook, err)
+	}
+	defer m.Close()
+	return ReadCounters(m)
 }
 
 // swap runs in the hook's namespace. It updates the pinned link when the mode
@@ -292,8 +291,13 @@ func Rollback(st *State) error {
 	}
 	back := *prev
 	back.Pending = nil
-	back.Carried = append([]Counter(nil), prev.Carried...)
-	carry(st, &back)
+	back.Carried = make([]Counter, SlotRule0+len(back.Rules))
+	copy(back.Carried, prev.Carried)
+	// What the unconfirmed generation counted itself; the previous
+	// generation's map still holds its own counts.
+	if live, err := liveCounters(st); err == nil {
+		addCounts(st.Rules, live, &back)
+	}
 	os.RemoveAll(h.genDir(st.Generation))
 	return saveState(&back)
 }
@@ -324,12 +328,7 @@ func Expired(token string, now time.Time) ([]Hook, error) {
 // Counters returns a hook's counters per slot: the live ones plus what
 // earlier generations carried over.
 func Counters(st *State) ([]Counter, error) {
-	m, err := ebpf.LoadPinnedMap(st.Hook.genDir(st.Generation)+"/counters", nil)
-	if err != nil {
-		return nil, fmt.Errorf("%s: counters not found (was it detached by hand?): %w", st.Hook, err)
-	}
-	defer m.Close()
-	live, err := ReadCounters(m)
+	live, err := liveCounters(st)
 	if err != nil {
 		return nil, err
 	}

@@ -107,7 +107,7 @@ func removeState(h Hook) error {
 // removeEmptyDirs removes dir and its parents below root while they are
 // empty, so that detach leaves nothing behind.
 func removeEmptyDirs(dir, root string) {
-	for ; dir != root && strings.HasPrefix(dir, root+"/"); dir = filepath.Dir(dir) {
+	for ; dir == root || strings.HasPrefix(dir, root+"/"); dir = filepath.Dir(dir) {
 		if os.Remove(dir) != nil {
 			return
 		}

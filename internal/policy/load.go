@@ -258,6 +258,9 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	return netip.PrefixFrom(addr, addr.BitLen()), nil
 }
 
+// reservedNames are the counters every policy has besides its rules.
+var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip": true}
+
 var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
 
 func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
@@ -273,6 +276,9 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	r.Name = nameNode.Value
 	if err := validName(r.Name); err != nil {
 		return r, p.errf(nameNode, "name", "%q: %v", r.Name, err)
+	}
+	if reservedNames[r.Name] {
+		return r, p.errf(nameNode, "name", "%q is reserved for rampart's own counters; choose another name", r.Name)
 	}
 	for _, side := range []struct {
 		key string

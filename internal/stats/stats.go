@@ -30,7 +30,7 @@ type Snapshot struct {
 
 // Take reads the counters of every state.
 func Take(states []*datapath.State) (Snapshot, error) {
-	s := Snapshot{Time: time.Now()}
+	s := Snapshot{Time: time.Now(), Rows: []Row{}}
 	for _, st := range states {
 		counts, err := datapath.Counters(st)
 		if err != nil {

@@ -1,0 +1,124 @@
+package policy
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestParseExample(t *testing.T) {
+	pol, err := Parse("testdata/p.yaml", []byte(`
+lists:
+  blocklist: {files: [block.netset]}
+  mgmt: {prefixes: [192.0.2.0/24, "2001:db8::/32"]}
+rules:
+  - {name: ssh-from-mgmt, src: mgmt, proto: tcp, dport: 22, action: pass}
+  - {name: drop-blocklist, src: blocklist, action: drop}
+  - {name: dns-amplification, proto: udp, sport: 53, length: 512-65535, action: drop}
+  - {name: syn-to-closed, proto: tcp, dport: 1-1023, tcp_flags: "syn,!ack", action: drop}
+  - {name: inline, dst: [10.0.0.1, "2001:db8::/64"], family: 6, action: drop}
+default: pass
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pol.Rules) != 5 || pol.Default != Pass {
+		t.Fatalf("rules %d default %v", len(pol.Rules), pol.Default)
+	}
+	if got := len(pol.Lists["blocklist"].Prefixes); got != 3 {
+		t.Errorf("blocklist has %d prefixes, want 3", got)
+	}
+	r := pol.Rules[3]
+	if r.Proto != 6 || *r.Dport != (Range{1, 1023}) || r.FlagsOn != FlagSYN || r.FlagsOff != FlagACK {
+		t.Errorf("syn-to-closed parsed as %+v", r)
+	}
+	if r := pol.Rules[2]; *r.Length != (Range{512, 65535}) || *r.Sport != (Range{53, 53}) {
+		t.Errorf("dns rule parsed as %+v", r)
+	}
+	if got := pol.Rules[4].Dst; len(got) != 2 || got[0] != "10.0.0.1/32" || got[1] != "2001:db8::/64" {
+		t.Errorf("inline prefixes became lists %v", got)
+	}
+	if !pol.Lists["blocklist"].Contains(netip.MustParseAddr("203.0.113.7")) || pol.Lists["blocklist"].Contains(netip.MustParseAddr("203.0.113.8")) {
+		t.Error("list membership wrong")
+	}
+}
+
+func TestErrors(t *testing.T) {
+	for _, c := range []struct{ name, yaml, want string }{
+		{"unknown top key", "rulez: []", `p.yaml:1: policy: unknown key "rulez"`},
+		{"unknown rule key", "rules:\n  - {name: a, action: drop, dprt: 5}", `p.yaml:2: rule: unknown key "dprt"`},
+		{"missing rules", "default: drop", "p.yaml:1: rules: missing"},
+		{"bad cidr", "lists:\n  x: {prefixes: [10.0.0.0/33]}\nrules: []", `p.yaml:2: lists.x.prefixes: bad prefix "10.0.0.0/33"`},
+		{"bad inline cidr", "rules:\n  - {name: a, src: 10.0.0.0/40, action: drop}", `p.yaml:2: src: bad prefix "10.0.0.0/40"`},
+		{"port over 65535", "rules:\n  - {name: a, proto: udp, dport: 70000, action: drop}", `p.yaml:2: dport: "70000": values go up to 65535`},
+		{"range backwards", "rules:\n  - {name: a, proto: udp, dport: 90-80, action: drop}", `p.yaml:2: dport: "90-80": start is above end`},
+		{"empty name", "rules:\n  - {name: '', action: drop}", "p.yaml:2: name: every rule needs a non-empty name"},
+		{"no name", "rules:\n  - {action: drop}", "p.yaml:2: name: every rule needs a non-empty name"},
+		{"reserved name", "rules:\n  - {name: default, action: drop}", `p.yaml:2: name: "default" is reserved`},
+		{"duplicate name", "rules:\n  - {name: a, action: drop}\n  - {name: a, action: pass}", `p.yaml:3: name: rule name "a" already used at line 2`},
+		{"missing list file", "lists:\n  x: {files: [nope.netset]}\nrules: []", "p.yaml:2: lists.x.files: list file testdata/nope.netset: open testdata/nope.netset: no such file or directory"},
+		{"bad line in list file", "lists:\n  x: {files: [bad.netset]}\nrules: []", `testdata/bad.netset:2: bad address "10.0.0.300"`},
+		{"unknown list", "rules:\n  - {name: a, src: nolist, action: drop}", `p.yaml:2: src: "nolist" is neither a list defined under lists nor a prefix`},
+		{"bad action", "rules:\n  - {name: a, action: reject}", `p.yaml:2: action: "reject": must be drop or pass`},
+		{"missing action", "rules:\n  - {name: a}", `p.yaml:2: action: rule "a" needs an action`},
+		{"bad proto", "rules:\n  - {name: a, proto: sctpx, action: drop}", `p.yaml:2: proto: "sctpx"`},
+		{"proto 256", "rules:\n  - {name: a, proto: 256, action: drop}", `p.yaml:2: proto: "256"`},
+		{"ports on icmp", "rules:\n  - {name: a, proto: icmp, dport: 5, action: drop}", `p.yaml:2: proto: rule "a" matches ports`},
+		{"flags on udp", "rules:\n  - {name: a, proto: udp, tcp_flags: syn, action: drop}", `p.yaml:2: tcp_flags: rule "a" matches TCP flags`},
+		{"bad flag", "rules:\n  - {name: a, tcp_flags: 'syn,foo', action: drop}", `p.yaml:2: tcp_flags: "syn,foo": unknown flag "foo"`},
+		{"flag both ways", "rules:\n  - {name: a, tcp_flags: 'syn,!syn', action: drop}", `cannot be both set and clear`},
+		{"bad family", "rules:\n  - {name: a, family: 5, action: drop}", `p.yaml:2: family: "5": must be 4 or 6`},
+		{"bad default", "default: maybe\nrules: []", `p.yaml:1: default: "maybe"`},
+		{"list twice key", "lists:\n  x: {prefixes: [10.0.0.0/8], prefixes: [10.0.0.0/8]}\nrules: []", `p.yaml:2: lists.x: key "prefixes" given twice`},
+		{"list without source", "lists:\n  x: {}\nrules: []", `p.yaml:2: lists.x: needs files or prefixes`},
+		{"bad yaml", "rules: [", "p.yaml: "},
+		{"empty file", "", "p.yaml:1: empty policy"},
+		{"rules not a list", "rules: {a: 1}", "p.yaml:1: rules: must be a list"},
+		{"icmp with v6", "rules:\n  - {name: a, proto: icmp, family: 6, action: drop}", "icmp is IPv4's"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("testdata/p.yaml", []byte(c.yaml))
+			if err == nil {
+				t.Fatalf("no error, want %q", c.want)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestTooManyRules(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := 0; i <= MaxRules; i++ {
+		b.WriteString("  - {name: r" + strconv.Itoa(i) + ", action: drop}\n")
+	}
+	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), "at most 256") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestListFileRelativeToPolicy(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "l.txt"), []byte("192.0.2.1\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "p.yaml"), []byte("lists:\n  l: {files: [l.txt]}\nrules:\n  - {name: a, src: l, action: drop}\n"), 0o644)
+	pol, err := Load(filepath.Join(dir, "p.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !pol.Lists["l"].Contains(netip.MustParseAddr("192.0.2.1")) {
+		t.Fatal("list not loaded")
+	}
+}
+
+func TestParseFrameShort(t *testing.T) {
+	for n := 0; n < 14; n++ {
+		if _, c := ParseFrame(make([]byte, n)); c != ClassMalformed {
+			t.Errorf("%d-byte frame: class %v, want malformed", n, c)
+		}
+	}
+}
