@@ -62,9 +62,9 @@ func Load(img *Image) (*Objects, error) {
 	spec.Maps["lists_v6"].MaxEntries = uint32(max(1, len(img.V6)))
 
 	var objs struct {
-		Counters *ebpf.Map     `ebpf:"counters"`
-		ListsV4  *ebpf.Map     `ebpf:"lists_v4"`
-		ListsV6  *ebpf.Map     `ebpf:"lists_v6"`
+		Counters *ebpf.Map `ebpf:"counters"`
+		ListsV4  *ebpf.Map `ebpf:"lists_v4"`
+		ListsV6  *ebpf.Map `ebpf:"lists_v6"`
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {

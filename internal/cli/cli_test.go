@@ -1,0 +1,135 @@
+package cli_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/vishvananda/netlink"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+func TestHelp(t *testing.T) {
+	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check"} {
+		out := mustRampart(t, cmd, "--help")
+		if !strings.Contains(out, "--json") || !strings.Contains(out, "Usage:") {
+			t.Errorf("%s --help lacks usage or --json:\n%s", cmd, out)
+		}
+	}
+	if out := mustRampart(t, "--help"); !strings.Contains(out, "apply") {
+		t.Errorf("top-level help lacks apply:\n%s", out)
+	}
+}
+
+func TestCheck(t *testing.T) {
+	pol := writeFile(t, "p.yaml", "lists:\n  b: {prefixes: [10.0.0.0/8, 10.1.0.0/16]}\nrules:\n  - {name: a, src: b, action: drop}\n")
+	var res struct {
+		Valid           bool
+		Rules, Prefixes int
+		EntriesV4       int `json:"entries_v4"`
+	}
+	jsonOf(t, &res, "check", "-f", pol)
+	if !res.Valid || res.Rules != 1 || res.Prefixes != 2 || res.EntriesV4 != 1 {
+		t.Errorf("check: %+v", res)
+	}
+	bad := writeFile(t, "bad.yaml", "rules:\n  - {name: a, proto: udp, dport: 70000, action: drop}\n")
+	_, err := rampart(t, "check", "-f", bad)
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml:2: dport:") {
+		t.Errorf("check of a bad policy: %v", err)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"apply", "--iface", "lo"}, "--file/-f is required"},
+		{[]string{"apply", "-f", "x.yaml"}, "--iface is required"},
+		{[]string{"apply", "-f", "x.yaml", "--iface", "lo", "--mode", "fast"}, `--mode "fast"`},
+		{[]string{"apply", "-f", "x.yaml", "--iface", "lo", "--mode", "xdp-native", "--egress"}, "XDP sees only incoming"},
+		{[]string{"detach"}, "--iface is required"},
+		{[]string{"apply", "-f", "/nonexistent.yaml", "--iface", "lo"}, "no such file"},
+	} {
+		_, err := rampart(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rampart %v: error %v, want %q", c.args, err, c.want)
+		}
+	}
+}
+
+// TestBadInputChangesNothing: a rejected apply leaves the running policy.
+func TestBadInputChangesNothing(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	good := writeFile(t, "good.yaml", "rules:\n  - {name: a, proto: udp, dport: 9000, action: drop}\n")
+	mustRampart(t, "apply", "-f", good, "--netns", p.NsB, "--iface", p.IfB)
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	before := hookStatus(t, p.NsB)
+
+	for _, c := range []struct {
+		name, yaml string
+		args       []string
+		want       string
+	}{
+		{"unknown key", "rules:\n  - {name: a, action: drop, colour: red}\n", nil, "bad.yaml:2: rule: unknown key"},
+		{"bad cidr", "rules:\n  - {name: a, src: 300.1.1.1, action: drop}\n", nil, "bad.yaml:2: src: bad address"},
+		{"duplicate name", "rules:\n  - {name: a, action: drop}\n  - {name: a, action: drop}\n", nil, "bad.yaml:3: name"},
+		{"missing list file", "lists:\n  l: {files: [/nonexistent/list]}\nrules: []\n", nil, "bad.yaml:2: lists.l.files"},
+		{"missing interface", "rules: []\n", []string{"--iface", "nosuchif0"}, "--iface nosuchif0: no such interface"},
+		{"second interface missing", "rules: []\n", []string{"--iface", p.IfB, "--iface", "nosuchif0"}, "--iface nosuchif0"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			bad := writeFile(t, "bad.yaml", c.yaml)
+			args := append([]string{"apply", "-f", bad, "--netns", p.NsB}, c.args...)
+			if c.args == nil {
+				args = append(args, "--iface", p.IfB)
+			}
+			_, err := rampart(t, args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want %q", err, c.want)
+			}
+			if after := hookStatus(t, p.NsB); fmt.Sprint(after) != fmt.Sprint(before) {
+				t.Fatalf("host changed:\nbefore %+v\nafter  %+v", before, after)
+			}
+		})
+	}
+}
+
+// TestForeignXDP: another program's XDP is refused without --force.
+func TestForeignXDP(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.LoadImm(asm.R0, 2, asm.DWord), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	if err := datapath.InNetns(p.NsB, func() error {
+		l, err := netlink.LinkByName(p.IfB)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetXdpFd(l, prog.FD())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	pol := writeFile(t, "p.yaml", "rules: []\n")
+	_, err = rampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	if err == nil || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("apply over a foreign XDP program: %v, want a refusal naming --force", err)
+	}
+	if st := hookStatus(t, p.NsB); len(st.Hooks) != 0 {
+		t.Fatalf("refused apply left state: %+v", st)
+	}
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--force")
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	if st := hookStatus(t, p.NsB); len(st.Hooks) != 1 || !strings.HasPrefix(st.Hooks[0].Mode, "xdp") {
+		t.Fatalf("after --force: %+v", st)
+	}
+}

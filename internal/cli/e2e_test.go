@@ -1,0 +1,287 @@
+package cli_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+const e2ePolicy = `
+lists:
+  peers: {prefixes: [%s, %s]}
+rules:
+  - {name: drop-udp-9000, proto: udp, dport: 9000, action: drop}
+  - {name: count-udp-9001, src: peers, proto: udp, dport: 9001, action: pass}
+  - {name: drop-syn-9002, proto: tcp, dport: 9002, tcp_flags: "syn,!ack", action: drop}
+default: pass
+`
+
+type statsJSON struct {
+	Rules []struct {
+		Iface, Direction, Kind, Name, Action string
+		Packets, Bytes                       uint64
+	} `json:"rules"`
+}
+
+func ruleCount(t *testing.T, name string) uint64 {
+	t.Helper()
+	var s statsJSON
+	jsonOf(t, &s, "stats")
+	for _, r := range s.Rules {
+		if r.Name == name {
+			return r.Packets
+		}
+	}
+	t.Fatalf("no rule %q in stats: %+v", name, s)
+	return 0
+}
+
+type statusJSON struct {
+	Hooks []struct {
+		Iface, Netns, Direction, Mode string
+		PolicyHash                    string `json:"policy_hash"`
+		Attached                      bool
+		Rules                         int
+	} `json:"hooks"`
+}
+
+func hookStatus(t *testing.T, ns string) statusJSON {
+	var s statusJSON
+	jsonOf(t, &s, "status", "--netns", ns)
+	return s
+}
+
+// TestFilter puts real UDP and TCP through each layer, in both directions:
+// blocked flows do not arrive, allowed ones do, counters equal packets sent.
+func TestFilter(t *testing.T) {
+	testutil.Privileged(t)
+	for _, c := range []struct {
+		mode   string
+		egress bool
+	}{{"xdp-native", false}, {"xdp-generic", false}, {"tc", false}, {"auto", false}, {"tc", true}} {
+		name := c.mode
+		if c.egress {
+			name += "-egress"
+		}
+		t.Run(name, func(t *testing.T) {
+			p := testutil.NewPair(t)
+			pol := writeFile(t, "p.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
+			// Ingress filters on the receiver B; egress on the sender A.
+			ns, ifc := p.NsB, p.IfB
+			args := []string{"apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--mode", c.mode}
+			if c.egress {
+				ns, ifc = p.NsA, p.IfA
+				args = []string{"apply", "-f", pol, "--netns", p.NsA, "--iface", p.IfA, "--egress"}
+			}
+			mustRampart(t, args...)
+			t.Cleanup(func() { rampart(t, "detach", "--netns", ns, "--iface", ifc) })
+
+			st := hookStatus(t, ns)
+			wantMode := c.mode
+			if c.mode == "auto" {
+				wantMode = "xdp-native" // veth supports native XDP
+			}
+			if len(st.Hooks) != 1 || st.Hooks[0].Mode != wantMode || !st.Hooks[0].Attached {
+				t.Fatalf("status: %+v, want one attached hook in %s", st, wantMode)
+			}
+
+			const n = 300
+			for _, dst := range []struct {
+				name string
+				ip   []byte
+			}{{"v4", p.B4}, {"v6", p.B6}} {
+				dropped := testutil.UDPListener(t, p.NsB, dst.ip, 9000)
+				passed := testutil.UDPListener(t, p.NsB, dst.ip, 9001)
+				testutil.SendUDP(t, p.NsA, dst.ip, 9000, n)
+				testutil.SendUDP(t, p.NsA, dst.ip, 9001, n)
+				if got := testutil.CountUDP(dropped, 300*time.Millisecond); got != 0 {
+					t.Errorf("%s: %d datagrams to the dropped port arrived", dst.name, got)
+				}
+				if got := testutil.CountUDP(passed, 300*time.Millisecond); got != n {
+					t.Errorf("%s: %d of %d datagrams to the allowed port arrived", dst.name, got, n)
+				}
+			}
+			if got := ruleCount(t, "drop-udp-9000"); got != 2*n {
+				t.Errorf("drop-udp-9000 counted %d, sent %d", got, 2*n)
+			}
+			if got := ruleCount(t, "count-udp-9001"); got != 2*n {
+				t.Errorf("count-udp-9001 counted %d, sent %d", got, 2*n)
+			}
+
+			testutil.ListenTCP(t, p.NsB, p.B4, 9002)
+			testutil.ListenTCP(t, p.NsB, p.B4, 9003)
+			if c, err := testutil.DialTCP(p.NsA, p.B4, 9002, 500*time.Millisecond); err == nil {
+				c.Close()
+				t.Error("TCP connect to the dropped port succeeded")
+			}
+			conn, err := testutil.DialTCP(p.NsA, p.B4, 9003, 2*time.Second)
+			if err != nil {
+				t.Fatalf("TCP connect to an allowed port: %v", err)
+			}
+			conn.Write([]byte("ping"))
+			buf := make([]byte, 4)
+			conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+			if _, err := conn.Read(buf); err != nil || string(buf) != "ping" {
+				t.Errorf("TCP echo: %q, %v", buf, err)
+			}
+			conn.Close()
+			if got := ruleCount(t, "drop-syn-9002"); got == 0 {
+				t.Error("drop-syn-9002 counted no SYN")
+			}
+		})
+	}
+}
+
+// TestReapplyUnderFlood swaps policies while allowed traffic flows: no
+// allowed packet is lost to a swap, and the unchanged rule's counter carries
+// over every generation.
+func TestReapplyUnderFlood(t *testing.T) {
+	testutil.Privileged(t)
+	for _, mode := range []string{"xdp-native", "tc"} {
+		t.Run(mode, func(t *testing.T) {
+			p := testutil.NewPair(t)
+			polA := writeFile(t, "a.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
+			polB := writeFile(t, "b.yaml", fmt.Sprintf(e2ePolicy+"  - {name: extra, proto: udp, dport: 7000-7100, action: drop}\n", p.A4, p.A6))
+			polB = strings.Replace(readFile(t, polB), "default: pass\n", "", 1)
+			polB = writeFile(t, "b2.yaml", polB+"default: pass\n")
+			mustRampart(t, "apply", "-f", polA, "--netns", p.NsB, "--iface", p.IfB, "--mode", mode)
+			t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+
+			rx := testutil.UDPListener(t, p.NsB, p.B4, 9001)
+			const total = 40000
+			var wg sync.WaitGroup
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				// Paced bursts, so that only a swap could lose packets.
+				for sent := 0; sent < total; sent += 100 {
+					testutil.SendUDP(t, p.NsA, p.B4, 9001, 100)
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			received := make(chan int)
+			go func() { received <- testutil.CountUDP(rx, 2*time.Second) }()
+			swaps := 0
+			for i := 0; i < 20; i++ {
+				pol := polA
+				if i%2 == 0 {
+					pol = polB
+				}
+				mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+				swaps++
+				time.Sleep(20 * time.Millisecond)
+			}
+			wg.Wait()
+			if got := <-received; got != total {
+				t.Errorf("%d of %d allowed datagrams arrived across %d swaps", got, total, swaps)
+			}
+			if got := ruleCount(t, "count-udp-9001"); got != total {
+				t.Errorf("count-udp-9001 counted %d over %d generations, sent %d", got, swaps+1, total)
+			}
+		})
+	}
+}
+
+func readFile(t testing.TB, p string) string {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestDetachClean leaves the interface as it was and removes every pin.
+func TestDetachClean(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
+	before := testutil.Run(t, "ip", "-n", p.NsB, "-d", "link", "show", p.IfB)
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--egress")
+	if out := testutil.Run(t, "ip", "-n", p.NsB, "link", "show", p.IfB); !strings.Contains(out, "xdp") {
+		t.Fatalf("no XDP after apply: %s", out)
+	}
+	out := mustRampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	if !strings.Contains(out, "ingress") || !strings.Contains(out, "egress") {
+		t.Errorf("detach output %q should name both directions", out)
+	}
+	after := testutil.Run(t, "ip", "-n", p.NsB, "-d", "link", "show", p.IfB)
+	if before != after {
+		t.Errorf("link differs after detach:\nbefore %s\nafter  %s", before, after)
+	}
+	if tcx := testutil.Run(t, "bpftool", "net", "show"); strings.Contains(tcx, "rampart") {
+		t.Errorf("bpftool still shows rampart programs: %s", tcx)
+	}
+	if _, err := os.Stat("/sys/fs/bpf/rampart/netns-" + p.NsB); !os.IsNotExist(err) {
+		t.Errorf("pins remain for the namespace: %v", err)
+	}
+	if st := hookStatus(t, p.NsB); len(st.Hooks) != 0 {
+		t.Errorf("status still lists %+v", st.Hooks)
+	}
+}
+
+// TestConfirm: an unconfirmed apply rolls back by itself, even with the
+// apply process and its process group killed; a confirmed one stays.
+func TestConfirm(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	polA := writeFile(t, "a.yaml", "rules:\n  - {name: pass-all, action: pass}\n")
+	polB := writeFile(t, "b.yaml", "rules:\n  - {name: drop-udp, proto: udp, action: drop}\n")
+	mustRampart(t, "apply", "-f", polA, "--netns", p.NsB, "--iface", p.IfB)
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	hashA := hookStatus(t, p.NsB).Hooks[0].PolicyHash
+
+	// The apply runs as a child in a process group of its own, then the
+	// whole group is killed.
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, "apply", "-f", polB, "--netns", p.NsB, "--iface", p.IfB, "--confirm", "2s")
+	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("apply --confirm: %v\n%s", err, out)
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+
+	st := hookStatus(t, p.NsB).Hooks[0]
+	if st.PolicyHash == hashA {
+		t.Fatal("policy B not applied")
+	}
+	rx := testutil.UDPListener(t, p.NsB, p.B4, 9100)
+	testutil.SendUDP(t, p.NsA, p.B4, 9100, 10)
+	if got := testutil.CountUDP(rx, 200*time.Millisecond); got != 0 {
+		t.Fatalf("policy B should drop UDP, %d arrived", got)
+	}
+	waitFor(t, 5*time.Second, func() bool { return hookStatus(t, p.NsB).Hooks[0].PolicyHash == hashA })
+	testutil.SendUDP(t, p.NsA, p.B4, 9100, 10)
+	if got := testutil.CountUDP(rx, 200*time.Millisecond); got != 10 {
+		t.Fatalf("after rollback %d of 10 datagrams arrived", got)
+	}
+	if _, err := rampart(t, "confirm"); err == nil {
+		t.Error("confirm after a rollback should fail: nothing is pending")
+	}
+
+	// Confirmed in time: it stays past the deadline.
+	mustRampart(t, "apply", "-f", polB, "--netns", p.NsB, "--iface", p.IfB, "--confirm", "1s")
+	mustRampart(t, "confirm")
+	time.Sleep(1500 * time.Millisecond)
+	if h := hookStatus(t, p.NsB).Hooks[0].PolicyHash; h == hashA {
+		t.Error("a confirmed apply was rolled back")
+	}
+}
+
+func waitFor(t *testing.T, limit time.Duration, ok func() bool) {
+	t.Helper()
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if ok() {
+			return
+		}
+	}
+	t.Fatalf("condition not met within %v", limit)
+}

@@ -1,0 +1,172 @@
+package testutil
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+)
+
+// Pair is two network namespaces joined by a veth pair:
+// A (10.x.y.1, fd00:x:y::1 on IfA) and B (.2 / ::2 on IfB).
+type Pair struct {
+	NsA, NsB string
+	IfA, IfB string
+	A4, B4   net.IP
+	A6, B6   net.IP
+}
+
+var pairSeq atomic.Int32
+
+// NewPair creates the namespaces and removes them when the test ends.
+func NewPair(t testing.TB) *Pair {
+	t.Helper()
+	n := pairSeq.Add(1)
+	tag := fmt.Sprintf("%d-%d", os.Getpid()%100000, n)
+	p := &Pair{
+		NsA: "rpt-" + tag + "-a", NsB: "rpt-" + tag + "-b",
+		IfA: "rpta" + fmt.Sprint(n), IfB: "rptb" + fmt.Sprint(n),
+		A4: net.IPv4(10, 201, byte(n), 1), B4: net.IPv4(10, 201, byte(n), 2),
+		A6: net.ParseIP(fmt.Sprintf("fd00:201:%x::1", n)), B6: net.ParseIP(fmt.Sprintf("fd00:201:%x::2", n)),
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", p.NsA).Run()
+		exec.Command("ip", "netns", "del", p.NsB).Run()
+	})
+	Run(t, "ip", "netns", "add", p.NsA)
+	Run(t, "ip", "netns", "add", p.NsB)
+	Run(t, "ip", "-n", p.NsA, "link", "add", p.IfA, "type", "veth", "peer", "name", p.IfB, "netns", p.NsB)
+	for _, side := range []struct{ ns, ifc, v4, v6 string }{
+		{p.NsA, p.IfA, p.A4.String() + "/24", p.A6.String() + "/64"},
+		{p.NsB, p.IfB, p.B4.String() + "/24", p.B6.String() + "/64"},
+	} {
+		Run(t, "ip", "-n", side.ns, "addr", "add", side.v4, "dev", side.ifc)
+		Run(t, "ip", "-n", side.ns, "addr", "add", side.v6, "dev", side.ifc, "nodad")
+		Run(t, "ip", "-n", side.ns, "link", "set", side.ifc, "up")
+		Run(t, "ip", "-n", side.ns, "link", "set", "lo", "up")
+	}
+	// Permanent neighbours, so that no ARP or ND races the first packets.
+	macA, macB := mac(t, p.NsA, p.IfA), mac(t, p.NsB, p.IfB)
+	for _, n := range []struct{ ns, ifc, ip, mac string }{
+		{p.NsA, p.IfA, p.B4.String(), macB}, {p.NsA, p.IfA, p.B6.String(), macB},
+		{p.NsB, p.IfB, p.A4.String(), macA}, {p.NsB, p.IfB, p.A6.String(), macA},
+	} {
+		Run(t, "ip", "-n", n.ns, "neigh", "replace", n.ip, "lladdr", n.mac, "dev", n.ifc, "nud", "permanent")
+	}
+	return p
+}
+
+func mac(t testing.TB, ns, ifc string) string {
+	var m string
+	if err := datapath.InNetns(ns, func() error {
+		i, err := net.InterfaceByName(ifc)
+		if err == nil {
+			m = i.HardwareAddr.String()
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Run runs a command and fails the test with its output when it fails.
+func Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// Socket opens a socket inside a namespace; it stays there when used from
+// any thread.
+func Socket(t testing.TB, ns string, open func() (net.Conn, error)) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := datapath.InNetns(ns, func() (err error) { c, err = open(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// UDPListener listens on port in ns with a large receive buffer.
+func UDPListener(t testing.TB, ns string, ip net.IP, port int) *net.UDPConn {
+	t.Helper()
+	c := Socket(t, ns, func() (net.Conn, error) { return net.ListenUDP("udp", &net.UDPAddr{IP: ip, Port: port}) }).(*net.UDPConn)
+	c.SetReadBuffer(8 << 20)
+	return c
+}
+
+// CountUDP reads datagrams until idle has passed without one.
+func CountUDP(c *net.UDPConn, idle time.Duration) int {
+	buf := make([]byte, 2048)
+	n := 0
+	for {
+		c.SetReadDeadline(time.Now().Add(idle))
+		if _, err := c.Read(buf); err != nil {
+			return n
+		}
+		n++
+	}
+}
+
+// SendUDP sends count datagrams from ns to ip:port.
+func SendUDP(t testing.TB, ns string, ip net.IP, port, count int) {
+	t.Helper()
+	c := Socket(t, ns, func() (net.Conn, error) { return net.DialUDP("udp", nil, &net.UDPAddr{IP: ip, Port: port}) })
+	for i := 0; i < count; i++ {
+		if _, err := c.Write([]byte("rampart-test-payload")); err != nil {
+			t.Fatalf("send to %s:%d: %v", ip, port, err)
+		}
+	}
+}
+
+// DialTCP connects from ns to ip:port, failing after timeout.
+func DialTCP(ns string, ip net.IP, port int, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := datapath.InNetns(ns, func() (err error) {
+		c, err = net.DialTimeout("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(port)), timeout)
+		return err
+	})
+	return c, err
+}
+
+// ListenTCP accepts connections in ns and echoes what they send.
+func ListenTCP(t testing.TB, ns string, ip net.IP, port int) {
+	t.Helper()
+	var l net.Listener
+	if err := datapath.InNetns(ns, func() (err error) {
+		l, err = net.Listen("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(port)))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				n, _ := c.Read(buf)
+				c.Write(buf[:n])
+			}()
+		}
+	}()
+}
+
+// Alive reports whether a process exists.
+func Alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
