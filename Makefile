@@ -1,0 +1,28 @@
+# rampart: the generated BPF objects are committed, so `build` needs Go only.
+GO ?= go
+
+.PHONY: build generate check-generated test lint deps
+
+build:
+	$(GO) build -o rampart ./cmd/rampart
+
+# Rebuilds internal/datapath/*_bpfel.{go,o} from bpf/ with clang.
+generate:
+	cd internal/datapath && $(GO) generate ./...
+
+# Fails when the committed objects do not match bpf/.
+check-generated: generate
+	git diff --exit-code -- internal/datapath/ || \
+	  (echo "bpf/ and the committed objects disagree: run make generate and commit" >&2; exit 1)
+
+# The whole suite: formatting and vet, generated objects up to date, then every
+# test tier. Privileged tiers need root; with RAMPART_REQUIRE_PRIVILEGED=1 they
+# fail instead of skipping.
+test: lint check-generated
+	$(GO) test -count=1 ./...
+
+lint:
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) vet ./...
+
+# Debian packages the build, the tests and `make generate` use.

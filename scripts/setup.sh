@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what rampart needs on a fresh Debian machine (as root) and builds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends \
+  clang llvm libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make >/dev/null
+if ! command -v go >/dev/null; then
+  apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+fi
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+go mod download
+make build
+echo "built ./rampart"
