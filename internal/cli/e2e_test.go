@@ -1,7 +1,11 @@
 package cli_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -10,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rampart-fw/rampart/internal/cli"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -284,4 +289,51 @@ func waitFor(t *testing.T, limit time.Duration, ok func() bool) {
 		}
 	}
 	t.Fatalf("condition not met within %v", limit)
+}
+
+// TestStatsWatch streams one JSON object per interval with live rates.
+func TestStatsWatch(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+
+	stop := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				testutil.SendUDP(t, p.NsA, p.B4, 9000, 50)
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}()
+	defer close(stop)
+	ctx, cancel := context.WithTimeout(context.Background(), 1700*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	if err := cli.Run(ctx, cli.Env{Stdout: &out, Stderr: io.Discard}, []string{"stats", "--watch", "--interval", "500ms", "--netns", p.NsB, "--json"}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) < 2 {
+		t.Fatalf("want at least 2 refreshes, got %d:\n%s", len(lines), out.String())
+	}
+	var last struct {
+		Rules []struct {
+			Name string
+			PPS  float64
+		}
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range last.Rules {
+		if r.Name == "drop-udp-9000" && r.PPS <= 0 {
+			t.Errorf("drop-udp-9000 rate %v under a running flood", r.PPS)
+		}
+	}
 }
