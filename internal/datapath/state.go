@@ -123,7 +123,7 @@ func States(netnsName string, all bool) ([]*State, error) {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
-			return err
+			return needRoot(err)
 		}
 		if d.IsDir() || !strings.HasSuffix(path, ".json") {
 			return nil
@@ -144,14 +144,23 @@ func States(netnsName string, all bool) ([]*State, error) {
 	return out, err
 }
 
+// needRoot explains a permission error: rampart's state and BPF objects
+// belong to root.
+func needRoot(err error) error {
+	if errors.Is(err, fs.ErrPermission) {
+		return fmt.Errorf("%w: rampart needs root (CAP_BPF and CAP_NET_ADMIN); run it with sudo", err)
+	}
+	return err
+}
+
 // Lock serialises commands that change the host. It returns the unlock.
 func Lock() (func(), error) {
 	if err := os.MkdirAll(StateRoot, 0o700); err != nil {
-		return nil, err
+		return nil, needRoot(err)
 	}
 	f, err := os.OpenFile(filepath.Join(StateRoot, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
-		return nil, err
+		return nil, needRoot(err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		f.Close()
