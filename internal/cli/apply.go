@@ -113,14 +113,11 @@ func (g *globals) apply(pol *policy.Policy, ifaces []string, mode datapath.Mode,
 	if err := datapath.EnsureBPFFS(); err != nil {
 		return err
 	}
-	unlock, err := datapath.Lock()
+	unlock, err := g.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if _, err := datapath.Expired("", time.Now()); err != nil {
-		fmt.Fprintln(g.env.Stderr, "rampart: warning: rolling back an expired apply:", err)
-	}
 
 	objs, err := datapath.Load(img)
 	if err != nil {

@@ -9,9 +9,12 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
 )
 
 // Env is what a command may touch of its process, injected so that commands
@@ -80,6 +83,24 @@ func (g *globals) table(rows [][]string) {
 		fmt.Fprintln(tw, strings.Join(r, "\t"))
 	}
 	tw.Flush()
+}
+
+// lock takes rampart's host lock and first rolls back any unconfirmed apply
+// past its deadline (its watchdog may have died with a reboot or a kill), so
+// every command sees and changes the state the operator was promised.
+func (g *globals) lock() (func(), error) {
+	unlock, err := datapath.Lock()
+	if err != nil {
+		return nil, err
+	}
+	if hooks, err := datapath.Expired("", time.Now()); err != nil {
+		fmt.Fprintln(g.env.Stderr, "rampart: warning: rolling back an expired apply:", err)
+	} else {
+		for _, h := range hooks {
+			fmt.Fprintln(g.env.Stderr, "rampart: rolled back unconfirmed apply on", h)
+		}
+	}
+	return unlock, nil
 }
 
 // interactive reports whether progress may be drawn: only on a terminal.

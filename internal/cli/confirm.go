@@ -16,14 +16,11 @@ func confirmCmd(g *globals) *cobra.Command {
 		Short: "Keep the policy applied with --confirm (stops its rollback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			unlock, err := datapath.Lock()
+			unlock, err := g.lock()
 			if err != nil {
 				return err
 			}
 			defer unlock()
-			if _, err := datapath.Expired("", time.Now()); err != nil {
-				return err
-			}
 			states, err := datapath.States(g.netns, g.netns == "")
 			if err != nil {
 				return err

@@ -19,7 +19,7 @@ func detachCmd(g *globals) *cobra.Command {
 			if len(ifaces) == 0 {
 				return errors.New("--iface is required: the interface(s) to detach from")
 			}
-			unlock, err := datapath.Lock()
+			unlock, err := g.lock()
 			if err != nil {
 				return err
 			}

@@ -73,12 +73,12 @@ func layer(m datapath.Mode) string {
 	return "xdp"
 }
 
-// states lists the hooks of the --netns namespace (all without it), after rolling back any
-// unconfirmed apply whose watchdog did not (a reboot or kill of it).
+// states lists the hooks of the --netns namespace (all without it).
 func (g *globals) states() ([]*datapath.State, error) {
-	if unlock, err := datapath.Lock(); err == nil {
-		datapath.Expired("", time.Now())
-		unlock()
+	unlock, err := g.lock()
+	if err != nil {
+		return nil, err
 	}
+	defer unlock()
 	return datapath.States(g.netns, g.netns == "")
 }

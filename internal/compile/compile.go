@@ -73,9 +73,9 @@ func Build(pol *policy.Policy) *datapath.Image {
 	}
 	for _, e := range closeOverAncestors(masks) {
 		if e.p.Addr().Is4() {
-			img.V4 = append(img.V4, datapath.V4Entry{Key: datapath.LPMKeyV4{Prefixlen: uint32(e.p.Bits()), Addr: e.p.Addr().As4()}, Mask: e.mask})
+			img.V4 = append(img.V4, datapath.Entry[datapath.LPMKeyV4]{Key: datapath.LPMKeyV4{Prefixlen: uint32(e.p.Bits()), Addr: e.p.Addr().As4()}, Mask: e.mask})
 		} else {
-			img.V6 = append(img.V6, datapath.V6Entry{Key: datapath.LPMKeyV6{Prefixlen: uint32(e.p.Bits()), Addr: e.p.Addr().As16()}, Mask: e.mask})
+			img.V6 = append(img.V6, datapath.Entry[datapath.LPMKeyV6]{Key: datapath.LPMKeyV6{Prefixlen: uint32(e.p.Bits()), Addr: e.p.Addr().As16()}, Mask: e.mask})
 		}
 	}
 	return img
@@ -122,9 +122,7 @@ func closeOverAncestors(masks map[netip.Prefix]uint64) []entry {
 			}
 			anc, _ := p.Addr().Prefix(l)
 			if m, ok := masks[anc]; ok {
-				if !hasParent {
-					hasParent = true
-				}
+				hasParent = true
 				parent |= m
 				closed |= m
 			}

@@ -94,32 +94,23 @@ func boolByte(b bool) uint8 {
 }
 
 func (o *Objects) fill(img *Image) error {
-	if len(img.V4) > 0 {
-		keys := make([]LPMKeyV4, len(img.V4))
-		vals := make([]uint64, len(img.V4))
-		for i, e := range img.V4 {
-			keys[i], vals[i] = e.Key, e.Mask
-		}
-		if err := putAll(o.ListsV4, keys, vals); err != nil {
-			return fmt.Errorf("fill IPv4 lists: %w", err)
-		}
+	if err := putAll(o.ListsV4, img.V4); err != nil {
+		return fmt.Errorf("fill IPv4 lists: %w", err)
 	}
-	if len(img.V6) > 0 {
-		keys := make([]LPMKeyV6, len(img.V6))
-		vals := make([]uint64, len(img.V6))
-		for i, e := range img.V6 {
-			keys[i], vals[i] = e.Key, e.Mask
-		}
-		if err := putAll(o.ListsV6, keys, vals); err != nil {
-			return fmt.Errorf("fill IPv6 lists: %w", err)
-		}
+	if err := putAll(o.ListsV6, img.V6); err != nil {
+		return fmt.Errorf("fill IPv6 lists: %w", err)
 	}
 	return nil
 }
 
 // putAll writes entries with batch updates, falling back to one at a time
 // where the map type has no batch operation.
-func putAll[K any](m *ebpf.Map, keys []K, vals []uint64) error {
+func putAll[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []Entry[K]) error {
+	keys := make([]K, len(entries))
+	vals := make([]uint64, len(entries))
+	for i, e := range entries {
+		keys[i], vals[i] = e.Key, e.Mask
+	}
 	const chunk = 1 << 16
 	for i := 0; i < len(keys); i += chunk {
 		j := min(i+chunk, len(keys))

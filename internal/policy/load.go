@@ -180,7 +180,7 @@ func (p *parser) lists(n *yaml.Node, pol *Policy) error {
 		if err != nil {
 			return err
 		}
-		l := &List{Name: name}
+		var prefixes []netip.Prefix
 		if fn := f["prefixes"]; fn != nil {
 			vals, err := p.strings(fn, "lists."+name+".prefixes")
 			if err != nil {
@@ -195,7 +195,7 @@ func (p *parser) lists(n *yaml.Node, pol *Policy) error {
 					}
 					return p.errf(at, "lists."+name+".prefixes", "%v", err)
 				}
-				l.Prefixes = append(l.Prefixes, pfx)
+				prefixes = append(prefixes, pfx)
 			}
 		}
 		if fn := f["files"]; fn != nil {
@@ -215,14 +215,13 @@ func (p *parser) lists(n *yaml.Node, pol *Policy) error {
 					}
 					return p.errf(fn, "lists."+name+".files", "%v", err)
 				}
-				l.Prefixes = append(l.Prefixes, pfxs...)
+				prefixes = append(prefixes, pfxs...)
 			}
 		}
 		if f["files"] == nil && f["prefixes"] == nil {
 			return p.errf(v, "lists."+name, "needs files or prefixes")
 		}
-		l.set = NewPrefixSet(l.Prefixes)
-		pol.Lists[name] = l
+		pol.Lists[name] = newList(name, prefixes)
 	}
 	return nil
 }
@@ -380,7 +379,7 @@ func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, er
 	}
 	name := pfx.String()
 	if _, ok := pol.Lists[name]; !ok {
-		pol.Lists[name] = &List{Name: name, Prefixes: []netip.Prefix{pfx}, set: NewPrefixSet([]netip.Prefix{pfx})}
+		pol.Lists[name] = newList(name, []netip.Prefix{pfx})
 	}
 	return name, nil
 }

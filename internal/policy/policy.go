@@ -55,6 +55,10 @@ type List struct {
 	set      *PrefixSet
 }
 
+func newList(name string, prefixes []netip.Prefix) *List {
+	return &List{Name: name, Prefixes: prefixes, set: NewPrefixSet(prefixes)}
+}
+
 // Contains reports whether addr lies in any prefix of the list.
 func (l *List) Contains(addr netip.Addr) bool { return l.set.Contains(addr) }
 

@@ -18,47 +18,35 @@ func NewPrefixSet(prefixes []netip.Prefix) *PrefixSet {
 	return s
 }
 
+// lengthKey keeps IPv6 prefix lengths apart from IPv4 ones.
+func lengthKey(is6 bool, bits int) int {
+	if is6 {
+		return 1000 + bits
+	}
+	return bits
+}
+
 // Add inserts a prefix; bits beyond its length are cleared.
 func (s *PrefixSet) Add(p netip.Prefix) {
 	p = p.Masked()
-	bits := p.Bits()
-	if p.Addr().Is6() {
-		bits += 1000 // IPv6 lengths are kept apart from IPv4 ones
+	k := lengthKey(p.Addr().Is6(), p.Bits())
+	if s.byLen[k] == nil {
+		s.byLen[k] = map[netip.Prefix]struct{}{}
 	}
-	m := s.byLen[bits]
-	if m == nil {
-		m = map[netip.Prefix]struct{}{}
-		s.byLen[bits] = m
-	}
-	m[p] = struct{}{}
-}
-
-// Delete removes a prefix.
-func (s *PrefixSet) Delete(p netip.Prefix) {
-	p = p.Masked()
-	bits := p.Bits()
-	if p.Addr().Is6() {
-		bits += 1000
-	}
-	delete(s.byLen[bits], p)
+	s.byLen[k][p] = struct{}{}
 }
 
 // Contains reports whether any prefix of the set covers addr.
 func (s *PrefixSet) Contains(addr netip.Addr) bool {
-	off := 0
-	if addr.Is6() {
-		off = 1000
-	}
-	for bits, m := range s.byLen {
-		if bits < off || bits > off+128 {
+	for bits := 0; bits <= addr.BitLen(); bits++ {
+		m := s.byLen[lengthKey(addr.Is6(), bits)]
+		if m == nil {
 			continue
 		}
-		p, err := addr.Prefix(bits - off)
-		if err != nil {
-			continue
-		}
-		if _, ok := m[p]; ok {
-			return true
+		if p, err := addr.Prefix(bits); err == nil {
+			if _, ok := m[p]; ok {
+				return true
+			}
 		}
 	}
 	return false

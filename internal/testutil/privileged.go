@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"golang.org/x/sys/unix"
+	"github.com/rampart-fw/rampart/internal/datapath"
 )
 
 // Privileged gates tests that need root, BPF or network namespaces. Without
@@ -13,23 +13,13 @@ import (
 func Privileged(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() == 0 {
-		MountBPFFS(t)
+		if err := datapath.EnsureBPFFS(); err != nil {
+			t.Fatal(err)
+		}
 		return
 	}
 	if os.Getenv("RAMPART_REQUIRE_PRIVILEGED") == "1" {
 		t.Fatal("this test needs root (RAMPART_REQUIRE_PRIVILEGED=1 forbids skipping)")
 	}
 	t.Skip("needs root; set RAMPART_REQUIRE_PRIVILEGED=1 to make this a failure")
-}
-
-// MountBPFFS mounts bpffs at /sys/fs/bpf when nothing is mounted there.
-func MountBPFFS(t testing.TB) {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs("/sys/fs/bpf", &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
-		return
-	}
-	if err := unix.Mount("bpf", "/sys/fs/bpf", "bpf", 0, ""); err != nil {
-		t.Fatalf("mount bpffs: %v", err)
-	}
 }
