@@ -300,7 +300,10 @@ func TestStatsWatch(t *testing.T) {
 	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
 
 	stop := make(chan struct{})
+	var sender sync.WaitGroup
+	sender.Add(1)
 	go func() {
+		defer sender.Done()
 		for {
 			select {
 			case <-stop:
@@ -311,7 +314,8 @@ func TestStatsWatch(t *testing.T) {
 			}
 		}
 	}()
-	defer close(stop)
+	// The sender must be gone before the test's cleanups close its sockets.
+	defer func() { close(stop); sender.Wait() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 1700*time.Millisecond)
 	defer cancel()
 	var out bytes.Buffer
