@@ -54,6 +54,45 @@ struct counter {
 	__u64 bytes;
 };
 
+/* IPv4 lists: a DIR-24-8 table. Each /24 block has one 32-bit entry: below
+ * V4_SPLIT it is the block's class (an index into the class table of list
+ * masks); otherwise the block holds several classes and the entry indexes a
+ * second stage, a bitmap (two classes) or a tbl8 (any mix). Entries are
+ * grouped 16 to an array element: array elements are 8-byte aligned, so
+ * single u32 elements would double the table. */
+#define V4_SPLIT (1u << 31)
+#define V4_TBL8 (1u << 30)
+#define V4_INDEX_MASK (V4_TBL8 - 1)
+#define V4_CHUNK 16
+#define V4_BLOCKS (1u << 24)
+
+struct v4_chunk {
+	__u32 entry[V4_CHUNK];
+};
+
+/* A /24 block holding two classes: bit i set means address .i is in hit. */
+struct v4_bitmap {
+	__u16 base;
+	__u16 hit;
+	__u32 pad;
+	__u64 bits[4];
+};
+
+struct v4_tbl8 {
+	__u16 cls[256];
+};
+
+/* IPv6 lists: one hash keyed by (prefix length, masked address) per
+ * populated length, probed longest first. */
+#define V6_MAX_LENS 129
+
+/* In-place changes (rampart list add|del): the longest overlay prefix
+ * covering an address sets and clears list bits over the base tables. */
+struct overlay {
+	__u64 set;
+	__u64 clear;
+};
+
 struct lpm_v4_key {
 	__u32 prefixlen;
 	__u8 addr[4];

@@ -3,6 +3,7 @@
  * egress through tcx). The policy arrives as read-only globals set before load
  * (the rule array) and as maps (prefix lists, counters). */
 #include "parse.h"
+#include "lists.h"
 
 char __license[] SEC("license") = "GPL";
 
@@ -19,40 +20,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct counter);
 } counters SEC(".maps");
-
-/* Prefix lists: each entry's value is the bitmask of the lists that contain
- * the address, ancestors included, so one longest-prefix lookup answers
- * membership in every list at once. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct lpm_v4_key);
-	__type(value, __u64);
-} lists_v4 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct lpm_v6_key);
-	__type(value, __u64);
-} lists_v6 SEC(".maps");
-
-static __always_inline __u64 list_membership(struct pkt *p, __u8 *addr)
-{
-	__u64 *mask;
-	if (p->family == 4) {
-		struct lpm_v4_key k = {.prefixlen = 32};
-		__builtin_memcpy(k.addr, addr, 4);
-		mask = bpf_map_lookup_elem(&lists_v4, &k);
-	} else {
-		struct lpm_v6_key k = {.prefixlen = 128};
-		__builtin_memcpy(k.addr, addr, 16);
-		mask = bpf_map_lookup_elem(&lists_v6, &k);
-	}
-	return mask ? *mask : 0;
-}
 
 struct match_ctx {
 	struct pkt *p;
@@ -129,9 +96,9 @@ static __always_inline int decide(void *data, void *data_end, __u64 bytes, int p
 
 	struct match_ctx m = {.p = p, .slot = SLOT_DEFAULT};
 	if (need_src_lookup)
-		m.src_mask = list_membership(p, p->saddr);
+		m.src_mask = list_membership(p->family, p->saddr);
 	if (need_dst_lookup)
-		m.dst_mask = list_membership(p, p->daddr);
+		m.dst_mask = list_membership(p->family, p->daddr);
 
 	bpf_loop(rule_count, match_one, &m, 0);
 	count(m.slot, bytes);

@@ -32,6 +32,7 @@ func applyCmd(g *globals) *cobra.Command {
 		mode    string
 		egress  bool
 		force   bool
+		lenient bool
 		confirm time.Duration
 	)
 	c := &cobra.Command{
@@ -65,7 +66,7 @@ time, even if this command is killed.`,
 			if confirm < 0 {
 				return errors.New("--confirm must be positive")
 			}
-			pol, err := policy.Load(file)
+			pol, err := g.loadPolicy(file, lenient)
 			if err != nil {
 				return err
 			}
@@ -79,6 +80,7 @@ time, even if this command is killed.`,
 	f.BoolVar(&egress, "egress", false, "filter outgoing packets (tc egress) instead of incoming")
 	f.BoolVar(&force, "force", false, "replace another program's XDP on the interface")
 	f.DurationVar(&confirm, "confirm", 0, "roll back unless 'rampart confirm' runs within this time")
+	f.BoolVar(&lenient, "lenient", false, "skip bad lines in list files (their count is reported) instead of failing")
 	return c
 }
 
@@ -109,7 +111,6 @@ func (g *globals) apply(pol *policy.Policy, ifaces []string, mode datapath.Mode,
 		return err
 	}
 
-	img := compile.Build(pol)
 	if err := datapath.EnsureBPFFS(); err != nil {
 		return err
 	}
@@ -118,6 +119,17 @@ func (g *globals) apply(pol *policy.Policy, ifaces []string, mode datapath.Mode,
 		return err
 	}
 	defer unlock()
+	// In-place list changes still live carry over to the new tables.
+	ops, err := loadOps(g.netns)
+	if err != nil {
+		return err
+	}
+	for _, op := range ops {
+		if l := pol.Lists[op.List]; l != nil {
+			l.Ops = append(l.Ops, op)
+		}
+	}
+	img := compile.Build(pol)
 
 	objs, err := datapath.Load(img)
 	if err != nil {
@@ -125,7 +137,7 @@ func (g *globals) apply(pol *policy.Policy, ifaces []string, mode datapath.Mode,
 	}
 	defer objs.Close()
 
-	meta := datapath.State{PolicyFile: absPath(pol.File), PolicyHash: img.Hash(), Default: pol.Default.String()}
+	meta := datapath.State{PolicyFile: absPath(pol.File), PolicyHash: img.Hash(), Default: pol.Default.String(), Lists: img.Lists}
 	for _, r := range pol.Rules {
 		meta.Rules = append(meta.Rules, datapath.RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
 	}

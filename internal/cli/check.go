@@ -6,11 +6,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rampart-fw/rampart/internal/compile"
-	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 func checkCmd(g *globals) *cobra.Command {
 	var file string
+	var lenient bool
 	c := &cobra.Command{
 		Use:   "check -f POLICY",
 		Short: "Validate a policy and show what it compiles to, without touching the host",
@@ -19,27 +19,31 @@ func checkCmd(g *globals) *cobra.Command {
 			if file == "" {
 				return fmt.Errorf("--file/-f is required: the policy to check")
 			}
-			pol, err := policy.Load(file)
+			pol, err := g.loadPolicy(file, lenient)
 			if err != nil {
 				return err
 			}
 			img := compile.Build(pol)
-			prefixes := 0
+			entries, skipped := 0, 0
 			for _, l := range pol.Lists {
-				prefixes += len(l.Prefixes)
+				entries += l.Entries
+				skipped += l.Skipped
 			}
+			t := &img.Tables
 			res := map[string]any{
-				"file": file, "valid": true, "rules": len(pol.Rules), "lists": len(pol.Lists), "prefixes": prefixes,
-				"entries_v4": len(img.V4), "entries_v6": len(img.V6), "default": pol.Default.String(), "policy_hash": img.Hash(),
+				"file": file, "valid": true, "rules": len(pol.Rules), "lists": len(pol.Lists), "entries": entries, "skipped_lines": skipped,
+				"v4_split_blocks": len(t.V4Bitmaps) + len(t.V4Tbl8s), "v6_prefixes": len(t.V6), "table_bytes": t.KernelBytes(),
+				"default": pol.Default.String(), "policy_hash": img.Hash(),
 			}
 			if g.json {
 				return g.printJSON(res)
 			}
-			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d prefixes (%d IPv4 and %d IPv6 table entries after aggregation), default %s, policy %s\n",
-				file, len(pol.Rules), len(pol.Lists), prefixes, len(img.V4), len(img.V6), pol.Default, img.Hash()[:12])
+			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, policy %s\n",
+				file, len(pol.Rules), len(pol.Lists), entries, float64(t.KernelBytes())/(1<<20), res["v4_split_blocks"], len(t.V6), pol.Default, img.Hash()[:12])
 			return nil
 		},
 	}
 	c.Flags().StringVarP(&file, "file", "f", "", "policy file (YAML)")
+	c.Flags().BoolVar(&lenient, "lenient", false, "skip bad lines in list files (their count is reported) instead of failing")
 	return c
 }

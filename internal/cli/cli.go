@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // Env is what a command may touch of its process, injected so that commands
@@ -56,6 +58,8 @@ atomically and keeps them pinned so they outlive the command.`,
 		statsCmd(g),
 		checkCmd(g),
 		watchdogCmd(g),
+		listCmd(g),
+		expirerCmd(g),
 	)
 	return root.ExecuteContext(ctx)
 }
@@ -100,6 +104,10 @@ func (g *globals) lock() (func(), error) {
 			fmt.Fprintln(g.env.Stderr, "rampart: rolled back unconfirmed apply on", h)
 		}
 	}
+	// Backstop for the expiry process: list changes past their TTL go now.
+	if _, err := expireOps(g.netns); err != nil {
+		fmt.Fprintln(g.env.Stderr, "rampart: warning: expiring list changes:", err)
+	}
 	return unlock, nil
 }
 
@@ -107,4 +115,28 @@ func (g *globals) lock() (func(), error) {
 func (g *globals) interactive() bool {
 	f, ok := g.env.Stderr.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// loadPolicy reads a policy and its lists, drawing progress on a terminal
+// while big list files are read and reporting lines skipped under lenient.
+func (g *globals) loadPolicy(file string, lenient bool) (*policy.Policy, error) {
+	opt := policy.Options{Lenient: lenient}
+	if g.interactive() {
+		opt.Progress = func(name string, read, total int64) {
+			fmt.Fprintf(g.env.Stderr, "\rreading %s: %3.0f%% (%d MiB)", filepath.Base(name), 100*float64(read)/float64(max(total, 1)), read>>20)
+			if read >= total {
+				fmt.Fprintln(g.env.Stderr)
+			}
+		}
+	}
+	pol, err := policy.Load(file, opt)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range pol.Lists {
+		if l.Skipped > 0 {
+			fmt.Fprintf(g.env.Stderr, "rampart: list %s: skipped %d bad lines (first: %s)\n", l.Name, l.Skipped, l.FirstSkipped)
+		}
+	}
+	return pol, nil
 }

@@ -14,8 +14,8 @@ import (
 )
 
 func TestHelp(t *testing.T) {
-	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check"} {
-		out := mustRampart(t, cmd, "--help")
+	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check", "list", "list add", "list del", "list show", "bench lookup"} {
+		out := mustRampart(t, append(strings.Fields(cmd), "--help")...)
 		if !strings.Contains(out, "--json") || !strings.Contains(out, "Usage:") {
 			t.Errorf("%s --help lacks usage or --json:\n%s", cmd, out)
 		}
@@ -26,14 +26,16 @@ func TestHelp(t *testing.T) {
 }
 
 func TestCheck(t *testing.T) {
-	pol := writeFile(t, "p.yaml", "lists:\n  b: {prefixes: [10.0.0.0/8, 10.1.0.0/16]}\nrules:\n  - {name: a, src: b, action: drop}\n")
+	pol := writeFile(t, "p.yaml", "lists:\n  b: {prefixes: [10.0.0.0/8, 10.1.0.0/16, 10.2.3.4, \"2001:db8::/32\"]}\nrules:\n  - {name: a, src: b, action: drop}\n")
 	var res struct {
-		Valid           bool
-		Rules, Prefixes int
-		EntriesV4       int `json:"entries_v4"`
+		Valid          bool
+		Rules, Entries int
+		Split          int `json:"v4_split_blocks"`
+		V6             int `json:"v6_prefixes"`
 	}
 	jsonOf(t, &res, "check", "-f", pol)
-	if !res.Valid || res.Rules != 1 || res.Prefixes != 2 || res.EntriesV4 != 1 {
+	// The /16 and the /32 lie inside the /8: no block is split.
+	if !res.Valid || res.Rules != 1 || res.Entries != 4 || res.Split != 0 || res.V6 != 1 {
 		t.Errorf("check: %+v", res)
 	}
 	bad := writeFile(t, "bad.yaml", "rules:\n  - {name: a, proto: udp, dport: 70000, action: drop}\n")

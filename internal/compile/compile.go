@@ -3,9 +3,6 @@
 package compile
 
 import (
-	"net/netip"
-	"sort"
-
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
@@ -65,20 +62,31 @@ func Build(pol *policy.Policy) *datapath.Image {
 		img.Rules = append(img.Rules, cr)
 	}
 
-	masks := map[netip.Prefix]uint64{}
+	img.Lists = bits
+	var lists []*policy.List
+	var listBits []uint64
 	for name, b := range bits {
-		for _, p := range pol.Lists[name].Prefixes {
-			masks[p.Masked()] |= b
-		}
+		lists = append(lists, pol.Lists[name])
+		listBits = append(listBits, b)
 	}
-	for _, e := range closeOverAncestors(masks) {
-		if e.p.Addr().Is4() {
-			img.V4 = append(img.V4, datapath.Entry[datapath.LPMKeyV4]{Key: datapath.LPMKeyV4{Prefixlen: uint32(e.p.Bits()), Addr: e.p.Addr().As4()}, Mask: e.mask})
-		} else {
-			img.V6 = append(img.V6, datapath.Entry[datapath.LPMKeyV6]{Key: datapath.LPMKeyV6{Prefixlen: uint32(e.p.Bits()), Addr: e.p.Addr().As16()}, Mask: e.mask})
-		}
-	}
+	img.Tables = BuildTables(lists, listBits)
 	return img
+}
+
+// BuildTables builds the prefix-list tables for lists, lists[i] answering
+// to bit bits[i], with the lists' in-place ops as the overlay.
+func BuildTables(lists []*policy.List, bits []uint64) datapath.Tables {
+	var t datapath.Tables
+	buildV4(&t, lists, bits)
+	buildV6(&t, lists, bits)
+	var ops []policy.ListOp
+	byName := map[string]uint64{}
+	for i, l := range lists {
+		ops = append(ops, l.Ops...)
+		byName[l.Name] = bits[i]
+	}
+	t.OverlayV4, t.OverlayV6 = Overlay(byName, ops)
+	return t
 }
 
 func action(a policy.Action) uint8 {
@@ -86,57 +94,4 @@ func action(a policy.Action) uint8 {
 		return datapath.ActionDrop
 	}
 	return datapath.ActionPass
-}
-
-type entry struct {
-	p    netip.Prefix
-	mask uint64
-}
-
-// closeOverAncestors gives each prefix the union of the masks of every prefix
-// that contains it, so a single longest-prefix match yields the membership in
-// all lists. A prefix whose closed mask equals its nearest ancestor's adds
-// nothing to a longest-prefix lookup and is dropped (aggregation).
-func closeOverAncestors(masks map[netip.Prefix]uint64) []entry {
-	lengths := map[bool]map[int]bool{true: {}, false: {}}
-	for p := range masks {
-		lengths[p.Addr().Is4()][p.Bits()] = true
-	}
-	sorted := map[bool][]int{}
-	for fam, ls := range lengths {
-		for l := range ls {
-			sorted[fam] = append(sorted[fam], l)
-		}
-		sort.Ints(sorted[fam])
-	}
-
-	out := make([]entry, 0, len(masks))
-	for p, own := range masks {
-		closed, parent, hasParent := own, uint64(0), false
-		ls := sorted[p.Addr().Is4()]
-		// Walk ancestors from the nearest outwards.
-		for i := len(ls) - 1; i >= 0; i-- {
-			l := ls[i]
-			if l >= p.Bits() {
-				continue
-			}
-			anc, _ := p.Addr().Prefix(l)
-			if m, ok := masks[anc]; ok {
-				hasParent = true
-				parent |= m
-				closed |= m
-			}
-		}
-		if hasParent && closed == parent {
-			continue
-		}
-		out = append(out, entry{p, closed})
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].p.Bits() != out[j].p.Bits() {
-			return out[i].p.Bits() < out[j].p.Bits()
-		}
-		return out[i].p.Addr().Less(out[j].p.Addr())
-	})
-	return out
 }

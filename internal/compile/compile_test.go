@@ -1,17 +1,54 @@
 package compile
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
+	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
-func TestClosureAndAggregation(t *testing.T) {
+// lookup4 reads the IPv4 tables the way bpf/lists.h does.
+func lookup4(t *datapath.Tables, a uint32) uint64 {
+	blk := a >> 8
+	if int(blk) >= len(t.V4Tbl24) {
+		return 0
+	}
+	e, lo := t.V4Tbl24[blk], a&0xff
+	cls := e
+	switch {
+	case e&datapath.V4Split == 0:
+	case e&datapath.V4Tbl8Flag != 0:
+		cls = uint32(t.V4Tbl8s[e&(datapath.V4Tbl8Flag-1)].Cls[lo])
+	default:
+		b := t.V4Bitmaps[e&(datapath.V4Tbl8Flag-1)]
+		cls = uint32(b.Base)
+		if b.Bits[lo>>6]>>(lo&63)&1 == 1 {
+			cls = uint32(b.Hit)
+		}
+	}
+	return t.V4Classes[cls]
+}
+
+// lookup6 probes the IPv6 lengths longest first, as bpf/lists.h does.
+func lookup6(t *datapath.Tables, a netip.Addr) uint64 {
+	for _, l := range t.V6Lens {
+		p, _ := a.Prefix(int(l))
+		for _, e := range t.V6 {
+			if e.Key == key6(p) {
+				return e.Mask
+			}
+		}
+	}
+	return 0
+}
+
+func TestNestedAllowDeny(t *testing.T) {
 	pol, err := policy.Parse("p.yaml", []byte(`
 lists:
-  deny: {prefixes: [10.0.0.0/8, 10.1.0.0/16, 10.1.2.0/24, 10.1.2.0/24]}
-  allow: {prefixes: [10.1.2.128/25]}
+  deny: {prefixes: [10.0.0.0/8, 10.1.0.0/16, 10.1.2.0/24, 10.1.2.0/24, "2001:db8::/32", "2001:db8:1::/48"]}
+  allow: {prefixes: [10.1.2.128/25, 10.1.2.7, "2001:db8:1:2::/64"]}
 rules:
   - {name: allow, src: allow, action: pass}
   - {name: deny, src: deny, action: drop}
@@ -20,23 +57,124 @@ rules:
 		t.Fatal(err)
 	}
 	img := Build(pol)
-	got := map[string]uint64{}
-	for _, e := range img.V4 {
-		got[netip.PrefixFrom(netip.AddrFrom4(e.Key.Addr), int(e.Key.Prefixlen)).String()] = e.Mask
-	}
-	// allow is bit 0 (first referenced), deny bit 1. The /16 and /24 inside
-	// the /8 add nothing to a longest-prefix lookup; the allow /25 carries
-	// both bits.
-	want := map[string]uint64{"10.0.0.0/8": 2, "10.1.2.128/25": 3}
-	if len(got) != len(want) {
-		t.Fatalf("entries %v, want %v", got, want)
-	}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("%s: mask %b, want %b (all %v)", k, got[k], v, got)
+	allow, deny := img.Lists["allow"], img.Lists["deny"]
+	tb := &img.Tables
+	for addr, want := range map[string]uint64{
+		"10.0.0.1": deny, "10.1.2.1": deny, "10.1.2.7": deny | allow, "10.1.2.200": deny | allow, "11.0.0.0": 0, "9.255.255.255": 0,
+	} {
+		if got := lookup4(tb, policy.V4ToUint(netip.MustParseAddr(addr))); got != want {
+			t.Errorf("%s: mask %b, want %b", addr, got, want)
 		}
 	}
-	if !img.NeedSrc || img.NeedDst {
-		t.Errorf("lookups: src %v dst %v", img.NeedSrc, img.NeedDst)
+	// 10.1.2.0/24 holds two memberships (deny; deny+allow at .7 and
+	// .128-.255): one bitmap; the /16 and /24 inside the /8 add nothing.
+	if len(tb.V4Tbl8s) != 0 || len(tb.V4Bitmaps) != 1 {
+		t.Errorf("second stage: %d tbl8s, %d bitmaps", len(tb.V4Tbl8s), len(tb.V4Bitmaps))
+	}
+	// The /48 adds nothing to the /32 it is in: two IPv6 entries.
+	if len(tb.V6) != 2 || len(tb.V6Lens) != 2 || tb.V6Lens[0] != 64 || tb.V6Lens[1] != 32 {
+		t.Errorf("IPv6 entries %v lengths %v", tb.V6, tb.V6Lens)
+	}
+	if got := lookup6(tb, netip.MustParseAddr("2001:db8:1:2::9")); got != deny|allow {
+		t.Errorf("IPv6 nested: %b", got)
+	}
+}
+
+// TestTablesAgainstLists compares the compiled tables with List.Contains
+// for random lists of mixed lengths, nested and overlapping.
+func TestTablesAgainstLists(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	var bitmaps, tbl8s int
+	for round := 0; round < 20; round++ {
+		var lists []*policy.List
+		var bits []uint64
+		base := rng.Uint32() & 0xfffc0000 // lists share a /14, so they overlap and nest
+		for i := 0; i < 1+rng.IntN(4); i++ {
+			var ps []netip.Prefix
+			for j := 0; j < rng.IntN(3000); j++ {
+				a := policy.UintToV4(base | rng.Uint32()&0x0003ffff)
+				bits4 := []int{20, 24, 25, 28, 30, 31, 32, 32, 32}[rng.IntN(9)]
+				if rng.IntN(500) == 0 {
+					bits4 = 8 // rarely, a prefix holding everything else
+				}
+				ps = append(ps, netip.PrefixFrom(a, bits4).Masked())
+				var b [16]byte
+				b[0], b[1], b[15] = 0x20, byte(i), byte(rng.IntN(256))
+				ps = append(ps, netip.PrefixFrom(netip.AddrFrom16(b), []int{16, 64, 120, 127, 128, 128, 128, 128, 128, 128, 128, 128}[rng.IntN(12)]).Masked())
+			}
+			lists = append(lists, policy.NewList("l"+string(rune('a'+i)), ps))
+			bits = append(bits, 1<<i)
+		}
+		tb := BuildTables(lists, bits)
+		bitmaps += len(tb.V4Bitmaps)
+		tbl8s += len(tb.V4Tbl8s)
+		for k := 0; k < 20000; k++ {
+			a := rng.Uint32()
+			if k%2 == 0 && len(lists[0].V4) > 0 {
+				r := lists[rng.IntN(len(lists))].V4
+				if len(r) > 0 {
+					x := r[rng.IntN(len(r))]
+					a = x.Lo + uint32(rng.Uint64N(uint64(x.Hi-x.Lo)+3)) - 1
+				}
+			}
+			var want uint64
+			for i, l := range lists {
+				if l.Contains(policy.UintToV4(a)) {
+					want |= bits[i]
+				}
+			}
+			if got := lookup4(&tb, a); got != want {
+				t.Fatalf("round %d: %s: tables %b, lists %b", round, policy.UintToV4(a), got, want)
+			}
+		}
+		for k := 0; k < 2000; k++ {
+			var b [16]byte
+			b[0], b[1], b[15] = 0x20, byte(rng.IntN(5)), byte(rng.IntN(256))
+			a := netip.AddrFrom16(b)
+			var want uint64
+			for i, l := range lists {
+				if l.Contains(a) {
+					want |= bits[i]
+				}
+			}
+			if got := lookup6(&tb, a); got != want {
+				t.Fatalf("round %d: %s: tables %b, lists %b", round, a, got, want)
+			}
+		}
+	}
+	if bitmaps == 0 || tbl8s == 0 {
+		t.Errorf("the random lists never built both second stages: %d bitmaps, %d tbl8s", bitmaps, tbl8s)
+	}
+}
+
+func TestOverlay(t *testing.T) {
+	p := netip.MustParsePrefix
+	bits := map[string]uint64{"a": 1, "b": 2}
+	ops := []policy.ListOp{
+		{List: "a", Prefix: p("10.0.0.0/8"), Add: true},
+		{List: "b", Prefix: p("10.1.0.0/16"), Add: false},
+		{List: "a", Prefix: p("10.1.2.3/32"), Add: false},
+		{List: "a", Prefix: p("10.0.0.0/8"), Add: true}, // later, but does not cover .3 more closely
+		{List: "zzz", Prefix: p("1.0.0.0/8"), Add: true},
+	}
+	v4, v6 := Overlay(bits, ops)
+	got := map[string]datapath.Overlay{}
+	for _, e := range v4 {
+		got[netip.PrefixFrom(netip.AddrFrom4(e.Key.Addr), int(e.Key.Prefixlen)).String()] = e.Overlay
+	}
+	want := map[string]datapath.Overlay{
+		"10.0.0.0/8":  {Set: 1},
+		"10.1.0.0/16": {Set: 1, Clear: 2},
+		// The /8 add is later than the /32 del in time, and covers .3 too:
+		// the latest op covering the address decides.
+		"10.1.2.3/32": {Set: 1, Clear: 2},
+	}
+	if len(v6) != 0 || len(got) != len(want) {
+		t.Fatalf("overlay %v, want %v", got, want)
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %+v, want %+v", k, got[k], w)
+		}
 	}
 }

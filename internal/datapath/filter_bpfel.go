@@ -31,6 +31,12 @@ type filterLpmV6Key struct {
 	Addr      [16]uint8
 }
 
+type filterOverlay struct {
+	_     structs.HostLayout
+	Set   uint64
+	Clear uint64
+}
+
 type filterRule struct {
 	_          structs.HostLayout
 	SrcLists   uint64
@@ -49,13 +55,36 @@ type filterRule struct {
 	_          [4]byte
 }
 
+type filterV4Bitmap struct {
+	_    structs.HostLayout
+	Base uint16
+	Hit  uint16
+	Pad  uint32
+	Bits [4]uint64
+}
+
+type filterV4Chunk struct {
+	_     structs.HostLayout
+	Entry [16]uint32
+}
+
+type filterV4Tbl8 struct {
+	_   structs.HostLayout
+	Cls [256]uint16
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	filterMapCounters      = "counters"
-	filterMapListsV4       = "lists_v4"
-	filterMapListsV6       = "lists_v6"
+	filterMapOverlayV4     = "overlay_v4"
+	filterMapOverlayV6     = "overlay_v6"
+	filterMapV4Bitmaps     = "v4_bitmaps"
+	filterMapV4Classes     = "v4_classes"
+	filterMapV4Tbl24       = "v4_tbl24"
+	filterMapV4Tbl8s       = "v4_tbl8s"
+	filterMapV6Prefixes    = "v6_prefixes"
 	filterProgRampartTc    = "rampart_tc"
 	filterProgRampartXdp   = "rampart_xdp"
 	filterVarDefaultAction = "default_action"
@@ -63,6 +92,8 @@ const (
 	filterVarNeedSrcLookup = "need_src_lookup"
 	filterVarRuleCount     = "rule_count"
 	filterVarRules         = "rules"
+	filterVarV6LenCount    = "v6_len_count"
+	filterVarV6Lens        = "v6_lens"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -115,9 +146,14 @@ type filterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterMapSpecs struct {
-	Counters *ebpf.MapSpec `ebpf:"counters"`
-	ListsV4  *ebpf.MapSpec `ebpf:"lists_v4"`
-	ListsV6  *ebpf.MapSpec `ebpf:"lists_v6"`
+	Counters   *ebpf.MapSpec `ebpf:"counters"`
+	OverlayV4  *ebpf.MapSpec `ebpf:"overlay_v4"`
+	OverlayV6  *ebpf.MapSpec `ebpf:"overlay_v6"`
+	V4Bitmaps  *ebpf.MapSpec `ebpf:"v4_bitmaps"`
+	V4Classes  *ebpf.MapSpec `ebpf:"v4_classes"`
+	V4Tbl24    *ebpf.MapSpec `ebpf:"v4_tbl24"`
+	V4Tbl8s    *ebpf.MapSpec `ebpf:"v4_tbl8s"`
+	V6Prefixes *ebpf.MapSpec `ebpf:"v6_prefixes"`
 }
 
 // filterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -129,6 +165,8 @@ type filterVariableSpecs struct {
 	NeedSrcLookup *ebpf.VariableSpec `ebpf:"need_src_lookup"`
 	RuleCount     *ebpf.VariableSpec `ebpf:"rule_count"`
 	Rules         *ebpf.VariableSpec `ebpf:"rules"`
+	V6LenCount    *ebpf.VariableSpec `ebpf:"v6_len_count"`
+	V6Lens        *ebpf.VariableSpec `ebpf:"v6_lens"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -151,16 +189,26 @@ func (o *filterObjects) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterMaps struct {
-	Counters *ebpf.Map `ebpf:"counters"`
-	ListsV4  *ebpf.Map `ebpf:"lists_v4"`
-	ListsV6  *ebpf.Map `ebpf:"lists_v6"`
+	Counters   *ebpf.Map `ebpf:"counters"`
+	OverlayV4  *ebpf.Map `ebpf:"overlay_v4"`
+	OverlayV6  *ebpf.Map `ebpf:"overlay_v6"`
+	V4Bitmaps  *ebpf.Map `ebpf:"v4_bitmaps"`
+	V4Classes  *ebpf.Map `ebpf:"v4_classes"`
+	V4Tbl24    *ebpf.Map `ebpf:"v4_tbl24"`
+	V4Tbl8s    *ebpf.Map `ebpf:"v4_tbl8s"`
+	V6Prefixes *ebpf.Map `ebpf:"v6_prefixes"`
 }
 
 func (m *filterMaps) Close() error {
 	return _FilterClose(
 		m.Counters,
-		m.ListsV4,
-		m.ListsV6,
+		m.OverlayV4,
+		m.OverlayV6,
+		m.V4Bitmaps,
+		m.V4Classes,
+		m.V4Tbl24,
+		m.V4Tbl8s,
+		m.V6Prefixes,
 	)
 }
 
@@ -173,6 +221,8 @@ type filterVariables struct {
 	NeedSrcLookup *ebpf.Variable `ebpf:"need_src_lookup"`
 	RuleCount     *ebpf.Variable `ebpf:"rule_count"`
 	Rules         *ebpf.Variable `ebpf:"rules"`
+	V6LenCount    *ebpf.Variable `ebpf:"v6_len_count"`
+	V6Lens        *ebpf.Variable `ebpf:"v6_lens"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

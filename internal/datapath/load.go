@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 )
@@ -15,9 +17,22 @@ type Objects struct {
 	XDP      *ebpf.Program
 	TC       *ebpf.Program
 	Counters *ebpf.Map
-	ListsV4  *ebpf.Map
-	ListsV6  *ebpf.Map
+	// Tables are the prefix-list maps by their names in bpf/lists.h.
+	Tables map[string]*ebpf.Map
 }
+
+// Names of the prefix-list maps.
+const (
+	mapTbl24     = "v4_tbl24"
+	mapBitmaps   = "v4_bitmaps"
+	mapTbl8s     = "v4_tbl8s"
+	mapClasses   = "v4_classes"
+	mapV6        = "v6_prefixes"
+	MapOverlayV4 = "overlay_v4"
+	MapOverlayV6 = "overlay_v6"
+)
+
+var tableMaps = []string{mapTbl24, mapBitmaps, mapTbl8s, mapClasses, mapV6, MapOverlayV4, MapOverlayV6}
 
 // Kind selects one of the two programs.
 type Kind int
@@ -58,32 +73,135 @@ func Load(img *Image) (*Objects, error) {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
-	spec.Maps["lists_v4"].MaxEntries = uint32(max(1, len(img.V4)))
-	spec.Maps["lists_v6"].MaxEntries = uint32(max(1, len(img.V6)))
+	coll, err := NewTablesCollection(spec, &img.Tables)
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	o := &Objects{XDP: coll.DetachProgram("rampart_xdp"), TC: coll.DetachProgram("rampart_tc"), Counters: coll.DetachMap("counters"), Tables: map[string]*ebpf.Map{}}
+	for _, name := range tableMaps {
+		o.Tables[name] = coll.DetachMap(name)
+	}
+	return o, nil
+}
 
-	var objs struct {
-		Counters *ebpf.Map `ebpf:"counters"`
-		ListsV4  *ebpf.Map `ebpf:"lists_v4"`
-		ListsV6  *ebpf.Map `ebpf:"lists_v6"`
+// NewTablesCollection loads spec (the filter or the benchmark, both built
+// over bpf/lists.h) with its prefix-list maps sized for and filled with t.
+// It refuses tables larger than the memory available before creating
+// anything.
+func NewTablesCollection(spec *ebpf.CollectionSpec, t *Tables) (*ebpf.Collection, error) {
+	if err := checkMemory(t.KernelBytes()); err != nil {
+		return nil, err
+	}
+	lens := [V6MaxLens]uint8{}
+	copy(lens[:], t.V6Lens)
+	if err := spec.Variables["v6_lens"].Set(lens); err != nil {
+		return nil, err
+	}
+	if err := spec.Variables["v6_len_count"].Set(uint32(len(t.V6Lens))); err != nil {
+		return nil, err
+	}
+	chunks := (len(t.V4Tbl24) + V4Chunk - 1) / V4Chunk
+	for name, n := range map[string]int{mapTbl24: chunks, mapBitmaps: len(t.V4Bitmaps), mapTbl8s: len(t.V4Tbl8s), mapClasses: len(t.V4Classes), mapV6: len(t.V6)} {
+		spec.Maps[name].MaxEntries = uint32(max(1, n))
 	}
 	coll, err := ebpf.NewCollection(spec)
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("the kernel's verifier rejected the filter program:\n%+v", ve)
+			return nil, fmt.Errorf("the kernel's verifier rejected the program:\n%+v", ve)
 		}
 		return nil, fmt.Errorf("load BPF objects: %w", err)
 	}
-	defer coll.Close()
-	if err := coll.Assign(&objs); err != nil {
-		return nil, err
+	if err := fillTables(coll.Maps, t); err != nil {
+		coll.Close()
+		return nil, fmt.Errorf("fill prefix-list tables: %w", err)
 	}
-	o := &Objects{XDP: coll.DetachProgram("rampart_xdp"), TC: coll.DetachProgram("rampart_tc"), Counters: objs.Counters, ListsV4: objs.ListsV4, ListsV6: objs.ListsV6}
-	if err := o.fill(img); err != nil {
-		o.Close()
-		return nil, err
+	return coll, nil
+}
+
+func fillTables(maps map[string]*ebpf.Map, t *Tables) error {
+	for name, data := range map[string]any{mapTbl24: t.V4Tbl24, mapBitmaps: t.V4Bitmaps, mapTbl8s: t.V4Tbl8s, mapClasses: t.V4Classes} {
+		if err := writeArray(maps[name], data); err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
 	}
-	return o, nil
+	keys := make([]LPMKeyV6, len(t.V6))
+	vals := make([]uint64, len(t.V6))
+	for i, e := range t.V6 {
+		keys[i], vals[i] = e.Key, e.Mask
+	}
+	if err := putAll(maps[mapV6], keys, vals); err != nil {
+		return fmt.Errorf("%s: %w", mapV6, err)
+	}
+	if err := PutOverlay(maps[MapOverlayV4], t.OverlayV4); err != nil {
+		return err
+	}
+	return PutOverlay(maps[MapOverlayV6], t.OverlayV6)
+}
+
+// writeArray copies a slice into an mmap-able array map in one go: far
+// faster than an update per element.
+func writeArray(m *ebpf.Map, data any) error {
+	var buf []byte
+	switch d := data.(type) {
+	case []uint32:
+		buf = unsafeBytes(d)
+	case []uint64:
+		buf = unsafeBytes(d)
+	case []V4Bitmap:
+		buf = unsafeBytes(d)
+	case []V4Tbl8:
+		buf = unsafeBytes(d)
+	}
+	if len(buf) == 0 {
+		return nil
+	}
+	mem, err := m.Memory()
+	if err != nil {
+		return err
+	}
+	_, err = mem.WriteAt(buf, 0)
+	return err
+}
+
+// unsafeBytes views a slice of plain structs as bytes, without a copy of
+// hundreds of megabytes. The element types have no padding the C side
+// would not have too (they are generated from the same header).
+func unsafeBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+// PutOverlay writes overlay entries (an LPM trie: no batch updates).
+func PutOverlay[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []OverlayEntry[K]) error {
+	for _, e := range entries {
+		if err := m.Put(e.Key, e.Overlay); err != nil {
+			return fmt.Errorf("overlay: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkMemory refuses tables that would not fit in the memory available,
+// before any map is created.
+func checkMemory(need uint64) error {
+	f, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(f), "\n") {
+		var kb uint64
+		if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
+			if need > kb*1024*9/10 {
+				return fmt.Errorf("the prefix lists need about %d MiB of kernel memory and only %d MiB are available: nothing was changed (shorten the lists or free memory)", need>>20, kb>>10)
+			}
+			return nil
+		}
+	}
+	return nil
 }
 
 func boolByte(b bool) uint8 {
@@ -93,24 +211,9 @@ func boolByte(b bool) uint8 {
 	return 0
 }
 
-func (o *Objects) fill(img *Image) error {
-	if err := putAll(o.ListsV4, img.V4); err != nil {
-		return fmt.Errorf("fill IPv4 lists: %w", err)
-	}
-	if err := putAll(o.ListsV6, img.V6); err != nil {
-		return fmt.Errorf("fill IPv6 lists: %w", err)
-	}
-	return nil
-}
-
-// putAll writes entries with batch updates, falling back to one at a time
-// where the map type has no batch operation.
-func putAll[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []Entry[K]) error {
-	keys := make([]K, len(entries))
-	vals := make([]uint64, len(entries))
-	for i, e := range entries {
-		keys[i], vals[i] = e.Key, e.Mask
-	}
+// putAll writes keys and values with batch updates, falling back to one at
+// a time where the map type has no batch operation.
+func putAll[K any, V any](m *ebpf.Map, keys []K, vals []V) error {
 	const chunk = 1 << 16
 	for i := 0; i < len(keys); i += chunk {
 		j := min(i+chunk, len(keys))
@@ -130,9 +233,14 @@ func putAll[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []Entry[K]) error {
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
 func (o *Objects) Close() {
-	for _, c := range []interface{ Close() error }{o.XDP, o.TC, o.Counters, o.ListsV4, o.ListsV6} {
+	for _, c := range []interface{ Close() error }{o.XDP, o.TC, o.Counters} {
 		if c != nil {
 			c.Close()
+		}
+	}
+	for _, m := range o.Tables {
+		if m != nil {
+			m.Close()
 		}
 	}
 }
@@ -142,9 +250,11 @@ func (o *Objects) Pin(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	for name, p := range map[string]interface{ Pin(string) error }{
-		"xdp": o.XDP, "tc": o.TC, "counters": o.Counters, "lists_v4": o.ListsV4, "lists_v6": o.ListsV6,
-	} {
+	objs := map[string]interface{ Pin(string) error }{"xdp": o.XDP, "tc": o.TC, "counters": o.Counters}
+	for name, m := range o.Tables {
+		objs[name] = m
+	}
+	for name, p := range objs {
 		if err := p.Pin(filepath.Join(dir, name)); err != nil {
 			os.RemoveAll(dir)
 			return fmt.Errorf("pin %s: %w", name, err)

@@ -49,6 +49,9 @@ type State struct {
 	AppliedAt  time.Time  `json:"applied_at"`
 	Rules      []RuleInfo `json:"rules"`
 	Default    string     `json:"default"`
+	// Lists maps the name of each list the rules use to its bit in the
+	// tables, for in-place changes.
+	Lists map[string]uint64 `json:"lists,omitempty"`
 	// Carried holds, per counter slot, the counts that earlier generations
 	// contributed (rules kept across a re-apply keep their counters).
 	Carried []Counter `json:"carried"`

@@ -2,40 +2,255 @@ package policy
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
+	"math/big"
 	"net/netip"
 	"os"
-	"strings"
 )
 
-// ReadListFile reads a prefix list: one CIDR prefix or address per line,
-// '#' starts a comment, blank lines are ignored.
-func ReadListFile(path string) ([]netip.Prefix, error) {
+// Options control how list files are read.
+type Options struct {
+	// Lenient skips bad lines, counting them in List.Skipped, instead of
+	// failing on the first.
+	Lenient bool
+	// Progress, if set, is called now and then while a list file is read.
+	Progress func(file string, read, total int64)
+}
+
+// One line of every format is one entry, optionally followed by a comment:
+//
+//	203.0.113.7                  plain address (a host prefix)
+//	198.51.100.0/24              CIDR prefix, host bits cleared (FireHOL .netset)
+//	192.0.2.0/24 ; SBL123456     Spamhaus DROP/EDROP: ';' starts a comment
+//	192.0.2.10-192.0.2.99        inclusive range, either family
+//	2001:db8::/32, ::ffff:1.2.3.4, 2001:DB8:0:0:0:0:0:1   IPv6 in any RFC 4291/5952 form
+//
+// '#' and ';' start comments; blank lines are ignored.
+
+// readFile reads one list file into b. family 4 or 6 refuses entries of the
+// other family.
+func (b *listBuilder) readFile(path string, family int, opt Options) error {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("list file %s: %w", path, err)
+		return fmt.Errorf("list file %s: %w", path, err)
 	}
 	defer f.Close()
-	var out []netip.Prefix
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for line := 1; sc.Scan(); line++ {
-		text := sc.Text()
-		if i := strings.IndexByte(text, '#'); i >= 0 {
-			text = text[:i]
-		}
-		text = strings.TrimSpace(text)
-		if text == "" {
-			continue
-		}
-		pfx, err := ParsePrefix(text)
-		if err != nil {
-			return nil, &Error{File: path, Line: line, Msg: err.Error()}
-		}
-		out = append(out, pfx)
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("list file %s: %w", path, err)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("list file %s: %w", path, err)
+	if st.Size() == 0 {
+		return &Error{File: path, Msg: "file is empty (0 bytes); an empty list file is usually a failed download (for an intentionally empty list, write prefixes: [])"}
+	}
+	before := b.entries
+	r := bufio.NewReaderSize(f, 1<<20)
+	var read int64
+	for line := 1; ; line++ {
+		text, err := r.ReadSlice('\n')
+		read += int64(len(text))
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return &Error{File: path, Line: line, Msg: "line longer than 1 MiB: this is not a list file"}
+		}
+		if len(text) > 0 {
+			if bytes.IndexByte(text, 0) >= 0 {
+				return &Error{File: path, Line: line, Msg: "binary data (a NUL byte): this is not a text list file"}
+			}
+			if perr := b.parseLine(text, family); perr != nil {
+				if !opt.Lenient {
+					return &Error{File: path, Line: line, Msg: perr.Error() + " (--lenient skips bad lines)"}
+				}
+				b.skipped++
+				if b.firstSkip == "" {
+					b.firstSkip = (&Error{File: path, Line: line, Msg: perr.Error()}).Error()
+				}
+			}
+		}
+		if opt.Progress != nil && line&(1<<18-1) == 0 {
+			opt.Progress(path, read, st.Size())
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("list file %s: %w", path, err)
+		}
+	}
+	if opt.Progress != nil {
+		opt.Progress(path, read, st.Size())
+	}
+	if b.entries == before {
+		return &Error{File: path, Msg: "no entries in the file (for an intentionally empty list, write prefixes: [])"}
+	}
+	return nil
+}
+
+// parseLine adds the entry on one line, if any.
+func (b *listBuilder) parseLine(line []byte, family int) error {
+	for i, c := range line {
+		if c == '#' || c == ';' {
+			line = line[:i]
+			break
+		}
+	}
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 {
+		return nil
+	}
+	return b.parseEntry(line, family)
+}
+
+// parseEntry adds one address, prefix or range.
+func (b *listBuilder) parseEntry(s []byte, family int) error {
+	if lo, hi, ok := bytes.Cut(s, []byte("-")); ok {
+		return b.parseRange(bytes.TrimSpace(lo), bytes.TrimSpace(hi), family)
+	}
+	// Fast path for the common IPv4 case: no allocation.
+	if a, bits, ok := parseV4(s); ok {
+		if family == 6 {
+			return fmt.Errorf("IPv4 entry %q in an IPv6-only list", s)
+		}
+		b.entries++
+		mask := uint32(uint64(1)<<(32-bits) - 1)
+		b.v4 = append(b.v4, Range4{a &^ mask, a | mask})
+		return nil
+	}
+	p, err := ParsePrefix(string(s))
+	if err != nil {
+		return err
+	}
+	if err := checkFamily(p.Addr(), s, family); err != nil {
+		return err
+	}
+	b.addPrefix(p)
+	return nil
+}
+
+func checkFamily(a netip.Addr, s []byte, family int) error {
+	if family == 4 && !a.Is4() {
+		return fmt.Errorf("IPv6 entry %q in an IPv4-only list", s)
+	}
+	if family == 6 && a.Is4() {
+		return fmt.Errorf("IPv4 entry %q in an IPv6-only list", s)
+	}
+	return nil
+}
+
+func (b *listBuilder) parseRange(los, his []byte, family int) error {
+	lo, err1 := netip.ParseAddr(string(los))
+	hi, err2 := netip.ParseAddr(string(his))
+	if err1 != nil || err2 != nil || lo.Zone() != "" || hi.Zone() != "" {
+		return fmt.Errorf("bad range %q: expected two addresses, first-last", string(los)+"-"+string(his))
+	}
+	if lo.Is4() != hi.Is4() {
+		return fmt.Errorf("range %s-%s mixes IPv4 and IPv6", lo, hi)
+	}
+	if hi.Less(lo) {
+		return fmt.Errorf("range %s-%s: start is above end", lo, hi)
+	}
+	if err := checkFamily(lo, los, family); err != nil {
+		return err
+	}
+	if lo.Is4() {
+		b.entries++
+		b.v4 = append(b.v4, Range4{V4ToUint(lo), V4ToUint(hi)})
+		return nil
+	}
+	b.entries++
+	b.v6 = append(b.v6, RangePrefixes(lo, hi)...)
+	return nil
+}
+
+// RangePrefixes splits an inclusive address range into the fewest prefixes
+// that cover exactly it.
+func RangePrefixes(lo, hi netip.Addr) []netip.Prefix {
+	bits := lo.BitLen()
+	a, end := new(big.Int).SetBytes(lo.AsSlice()), new(big.Int).SetBytes(hi.AsSlice())
+	one := big.NewInt(1)
+	var out []netip.Prefix
+	for a.Cmp(end) <= 0 {
+		// The largest block that starts at a (alignment) and ends by end.
+		size := bits
+		if a.Sign() != 0 {
+			size = int(a.TrailingZeroBits())
+		}
+		size = min(size, bits)
+		for size > 0 {
+			last := new(big.Int).Add(a, new(big.Int).Sub(new(big.Int).Lsh(one, uint(size)), one))
+			if last.Cmp(end) <= 0 {
+				break
+			}
+			size--
+		}
+		buf := make([]byte, bits/8)
+		a.FillBytes(buf)
+		addr, _ := netip.AddrFromSlice(buf)
+		out = append(out, netip.PrefixFrom(addr, bits-size))
+		a.Add(a, new(big.Int).Lsh(one, uint(size)))
+	}
+	return out
+}
+
+// parseV4 reads "a.b.c.d" or "a.b.c.d/n" with the same rules as netip (no
+// leading zeros) without allocating; anything else is left to netip.
+func parseV4(s []byte) (addr uint32, bits int, ok bool) {
+	bits = 32
+	i := 0
+	for part := 0; part < 4; part++ {
+		if part > 0 {
+			if i >= len(s) || s[i] != '.' {
+				return 0, 0, false
+			}
+			i++
+		}
+		v, n := 0, 0
+		for i < len(s) && s[i] >= '0' && s[i] <= '9' {
+			if n > 0 && v == 0 {
+				return 0, 0, false // leading zero
+			}
+			v = v*10 + int(s[i]-'0')
+			i++
+			n++
+			if v > 255 {
+				return 0, 0, false
+			}
+		}
+		if n == 0 {
+			return 0, 0, false
+		}
+		addr = addr<<8 | uint32(v)
+	}
+	if i == len(s) {
+		return addr, bits, true
+	}
+	if s[i] != '/' || i+1 == len(s) || len(s)-i-1 > 2 {
+		return 0, 0, false
+	}
+	bits = 0
+	for _, c := range s[i+1:] {
+		if c < '0' || c > '9' {
+			return 0, 0, false
+		}
+		bits = bits*10 + int(c-'0')
+	}
+	if bits > 32 || (s[i+1] == '0' && len(s)-i-1 > 1) {
+		return 0, 0, false
+	}
+	return addr, bits, true
+}
+
+// ParseEntry reads one list entry given on a command line: an address, a
+// prefix or a range, as the prefixes that cover it.
+func ParseEntry(s string) ([]netip.Prefix, error) {
+	var b listBuilder
+	if err := b.parseEntry([]byte(s), 0); err != nil {
+		return nil, err
+	}
+	out := b.v6
+	for _, r := range b.v4 {
+		out = append(out, RangePrefixes(UintToV4(r.Lo), UintToV4(r.Hi))...)
 	}
 	return out, nil
 }

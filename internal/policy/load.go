@@ -33,17 +33,19 @@ func (e *Error) Error() string {
 
 // Load reads and validates a policy file. List files are resolved relative to
 // the policy file's directory.
-func Load(path string) (*Policy, error) {
+func Load(path string, opt Options) (*Policy, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read policy: %w", err)
 	}
-	return Parse(path, data)
+	return parse(path, data, opt)
 }
 
 // Parse validates policy text; path names it in errors and anchors list files.
-func Parse(path string, data []byte) (*Policy, error) {
-	p := &parser{file: path, dir: filepath.Dir(path)}
+func Parse(path string, data []byte) (*Policy, error) { return parse(path, data, Options{}) }
+
+func parse(path string, data []byte, opt Options) (*Policy, error) {
+	p := &parser{file: path, dir: filepath.Dir(path), opt: opt}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, &Error{File: path, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
@@ -62,6 +64,7 @@ func Parse(path string, data []byte) (*Policy, error) {
 type parser struct {
 	file string
 	dir  string
+	opt  Options
 }
 
 func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
@@ -176,26 +179,35 @@ func (p *parser) lists(n *yaml.Node, pol *Policy) error {
 		if _, dup := pol.Lists[name]; dup {
 			return p.errf(k, "lists", "list %q defined twice", name)
 		}
-		f, err := p.fields(v, "lists."+name, "files", "prefixes")
+		f, err := p.fields(v, "lists."+name, "files", "prefixes", "family")
 		if err != nil {
 			return err
 		}
-		var prefixes []netip.Prefix
+		family := 0
+		if fn := f["family"]; fn != nil {
+			switch fn.Value {
+			case "4", "ipv4":
+				family = 4
+			case "6", "ipv6":
+				family = 6
+			default:
+				return p.errf(fn, "lists."+name+".family", "%q: must be 4 or 6 (omit it for both)", fn.Value)
+			}
+		}
+		var b listBuilder
 		if fn := f["prefixes"]; fn != nil {
 			vals, err := p.strings(fn, "lists."+name+".prefixes")
 			if err != nil {
 				return err
 			}
 			for j, s := range vals {
-				pfx, err := ParsePrefix(s)
-				if err != nil {
+				if err := b.parseEntry([]byte(strings.TrimSpace(s)), family); err != nil {
 					at := fn
 					if fn.Kind == yaml.SequenceNode {
 						at = fn.Content[j]
 					}
 					return p.errf(at, "lists."+name+".prefixes", "%v", err)
 				}
-				prefixes = append(prefixes, pfx)
 			}
 		}
 		if fn := f["files"]; fn != nil {
@@ -207,21 +219,19 @@ func (p *parser) lists(n *yaml.Node, pol *Policy) error {
 				if !filepath.IsAbs(file) {
 					file = filepath.Join(p.dir, file)
 				}
-				pfxs, err := ReadListFile(file)
-				if err != nil {
+				if err := b.readFile(file, family, p.opt); err != nil {
 					var le *Error
 					if errors.As(err, &le) {
 						return err
 					}
 					return p.errf(fn, "lists."+name+".files", "%v", err)
 				}
-				prefixes = append(prefixes, pfxs...)
 			}
 		}
 		if f["files"] == nil && f["prefixes"] == nil {
 			return p.errf(v, "lists."+name, "needs files or prefixes")
 		}
-		pol.Lists[name] = newList(name, prefixes)
+		pol.Lists[name] = b.build(name, family)
 	}
 	return nil
 }
@@ -379,7 +389,7 @@ func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, er
 	}
 	name := pfx.String()
 	if _, ok := pol.Lists[name]; !ok {
-		pol.Lists[name] = newList(name, []netip.Prefix{pfx})
+		pol.Lists[name] = NewList(name, []netip.Prefix{pfx})
 	}
 	return name, nil
 }

@@ -28,7 +28,7 @@ default: pass
 	if len(pol.Rules) != 5 || pol.Default != Pass {
 		t.Fatalf("rules %d default %v", len(pol.Rules), pol.Default)
 	}
-	if got := len(pol.Lists["blocklist"].Prefixes); got != 3 {
+	if got := pol.Lists["blocklist"].Entries; got != 3 {
 		t.Errorf("blocklist has %d prefixes, want 3", got)
 	}
 	r := pol.Rules[3]
@@ -106,7 +106,7 @@ func TestListFileRelativeToPolicy(t *testing.T) {
 	dir := t.TempDir()
 	os.WriteFile(filepath.Join(dir, "l.txt"), []byte("192.0.2.1\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "p.yaml"), []byte("lists:\n  l: {files: [l.txt]}\nrules:\n  - {name: a, src: l, action: drop}\n"), 0o644)
-	pol, err := Load(filepath.Join(dir, "p.yaml"))
+	pol, err := Load(filepath.Join(dir, "p.yaml"), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ package policy
 
 import (
 	"fmt"
-	"net/netip"
 	"strings"
 )
 
@@ -47,20 +46,6 @@ const (
 )
 
 var tcpFlagNames = []string{"fin", "syn", "rst", "psh", "ack", "urg", "ece", "cwr"}
-
-// List is a named set of IPv4 and IPv6 prefixes.
-type List struct {
-	Name     string
-	Prefixes []netip.Prefix
-	set      *PrefixSet
-}
-
-func newList(name string, prefixes []netip.Prefix) *List {
-	return &List{Name: name, Prefixes: prefixes, set: NewPrefixSet(prefixes)}
-}
-
-// Contains reports whether addr lies in any prefix of the list.
-func (l *List) Contains(addr netip.Addr) bool { return l.set.Contains(addr) }
 
 // Rule is one ordered rule. Zero-valued fields do not take part in the match.
 type Rule struct {
