@@ -24,9 +24,17 @@ struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, 1);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lpm_v4_key);
+	__type(value, __u64);
+} kernel_lpm_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm_v6_key);
 	__type(value, __u64);
-} kernel_lpm SEC(".maps");
+} kernel_lpm_v6 SEC(".maps");
 
 /* Per-CPU count of lookups that found the address in some list. */
 struct {
@@ -73,7 +81,14 @@ int bench_lookup(struct xdp_md *ctx)
 
 	__u64 mask = 0;
 	if (structure == BENCH_KERNEL_LPM) {
-		__u64 *m = bpf_map_lookup_elem(&kernel_lpm, &k);
+		__u64 *m;
+		if (family == 4) {
+			struct lpm_v4_key k4 = {.prefixlen = 32};
+			__builtin_memcpy(k4.addr, &r, 4);
+			m = bpf_map_lookup_elem(&kernel_lpm_v4, &k4);
+		} else {
+			m = bpf_map_lookup_elem(&kernel_lpm_v6, &k);
+		}
 		mask = m ? *m : 0;
 	} else if (structure == BENCH_RAMPART) {
 		mask = list_membership(p.family, p.saddr);

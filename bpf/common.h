@@ -54,12 +54,14 @@ struct counter {
 	__u64 bytes;
 };
 
-/* IPv4 lists: a DIR-24-8 table. Each /24 block has one 32-bit entry: below
- * V4_SPLIT it is the block's class (an index into the class table of list
- * masks); otherwise the block holds several classes and the entry indexes a
- * second stage, a bitmap (two classes) or a tbl8 (any mix). Entries are
- * grouped 16 to an array element: array elements are 8-byte aligned, so
- * single u32 elements would double the table. */
+/* IPv4 lists: a DIR-24-8 table, compressed. A bitmap says which /24 blocks
+ * hold any listed address; only those have an entry, found by rank (the
+ * count of set bits before the block's). An entry below V4_SPLIT is the
+ * block's class (an index into the class table of list masks); otherwise
+ * the block holds several classes and the entry indexes a second stage, a
+ * bitmap (two classes) or a tbl8 (any mix). Entries are grouped 16 to an
+ * array element: array elements are 8-byte aligned, so single u32 elements
+ * would double the table. */
 #define V4_SPLIT (1u << 31)
 #define V4_TBL8 (1u << 30)
 #define V4_INDEX_MASK (V4_TBL8 - 1)

@@ -19,6 +19,26 @@ struct {
 	__type(value, struct v4_chunk);
 } v4_tbl24 SEC(".maps");
 
+/* Bit per /24 block, 64 to a word: 2 MiB for the whole address space, so
+ * it stays in cache and within the TLB's reach, and most lookups of most
+ * lists end here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} v4_present SEC(".maps");
+
+/* Per word of v4_present, the number of listed blocks before it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} v4_rank SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
@@ -71,11 +91,19 @@ struct {
 static __always_inline __u64 v4_base(const __u8 *addr)
 {
 	__u32 a = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
-	__u32 chunk = a >> 12, lo = a & 0xff, cls;
+	__u32 blk = a >> 8, word = blk >> 6, lo = a & 0xff, cls;
+	__u64 *bits = bpf_map_lookup_elem(&v4_present, &word);
+	if (!bits || !((*bits >> (blk & 63)) & 1))
+		return 0;
+	__u64 *rank = bpf_map_lookup_elem(&v4_rank, &word);
+	if (!rank)
+		return 0;
+	__u32 idx = *rank + __builtin_popcountll(*bits & ((1ULL << (blk & 63)) - 1));
+	__u32 chunk = idx / V4_CHUNK;
 	struct v4_chunk *c = bpf_map_lookup_elem(&v4_tbl24, &chunk);
 	if (!c)
 		return 0;
-	__u32 e = c->entry[(a >> 8) & (V4_CHUNK - 1)];
+	__u32 e = c->entry[idx & (V4_CHUNK - 1)];
 	if (!(e & V4_SPLIT)) {
 		cls = e;
 	} else {

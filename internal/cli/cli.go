@@ -60,6 +60,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		watchdogCmd(g),
 		listCmd(g),
 		expirerCmd(g),
+		benchCmd(g),
 	)
 	return root.ExecuteContext(ctx)
 }

@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -12,10 +13,14 @@ import (
 // lookup4 reads the IPv4 tables the way bpf/lists.h does.
 func lookup4(t *datapath.Tables, a uint32) uint64 {
 	blk := a >> 8
-	if int(blk) >= len(t.V4Tbl24) {
+	if int(blk>>6) >= len(t.V4Present) {
 		return 0
 	}
-	e, lo := t.V4Tbl24[blk], a&0xff
+	w := t.V4Present[blk>>6]
+	if w>>(blk&63)&1 == 0 {
+		return 0
+	}
+	e, lo := t.V4Tbl24[t.V4Rank[blk>>6]+uint64(bits.OnesCount64(w&(1<<(blk&63)-1)))], a&0xff
 	cls := e
 	switch {
 	case e&datapath.V4Split == 0:

@@ -1,6 +1,8 @@
 package compile
 
 import (
+	"slices"
+
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
@@ -11,17 +13,43 @@ import (
 // membership. Overlapping and duplicate prefixes, nested allow/deny lists
 // and adjacent ranges all come out of the sweep merged.
 func buildV4(t *datapath.Tables, lists []*policy.List, bits []uint64) {
-	b := v4Builder{t: t, classOf: map[uint64]uint32{0: 0}, blk: -1}
+	b := v4Builder{t: t, classOf: map[uint64]uint32{0: 0}, blk: -1, pieces: make([]piece, 0, 256)}
 	t.V4Classes = []uint64{0}
 	t.V4Tbl24 = make([]uint32, datapath.V4Blocks)
+	// A block is split only where a range starts or ends inside it; room
+	// reserved but never touched costs no memory.
+	ranges := 0
+	for _, l := range lists {
+		ranges += len(l.V4)
+	}
+	t.V4Bitmaps = make([]datapath.V4Bitmap, 0, min(2*ranges, datapath.V4Blocks))
 	sweepV4(lists, bits, b.segment)
 	b.flush()
-	last := len(t.V4Tbl24)
-	for last > 0 && t.V4Tbl24[last-1] == 0 {
+	compress(t)
+}
+
+// compress keeps the entries of listed blocks only, and the bitmap and
+// ranks that find them.
+func compress(t *datapath.Tables) {
+	full := t.V4Tbl24
+	last := len(full)
+	for last > 0 && full[last-1] == 0 {
 		last--
 	}
-	t.V4Tbl24 = t.V4Tbl24[:last]
-	if last == 0 {
+	t.V4Present = make([]uint64, (last+63)/64)
+	t.V4Rank = make([]uint64, len(t.V4Present))
+	dense := full[:0] // overwrites full behind the reading position
+	for blk, e := range full[:last] {
+		if blk&63 == 0 {
+			t.V4Rank[blk>>6] = uint64(len(dense))
+		}
+		if e != 0 {
+			t.V4Present[blk>>6] |= 1 << (blk & 63)
+			dense = append(dense, e)
+		}
+	}
+	t.V4Tbl24 = slices.Clip(dense)
+	if len(dense) == 0 {
 		t.V4Tbl24 = nil
 	}
 }
@@ -58,17 +86,30 @@ func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask 
 type v4Builder struct {
 	t       *datapath.Tables
 	classOf map[uint64]uint32
-	blk     int64       // the block being painted address by address, or -1
-	cls     [256]uint32 // its classes
+	blk     int64   // the block being assembled from pieces, or -1
+	pieces  []piece // its pieces, in address order
+	// The last mask seen: lists alternate between a few masks.
+	lastMask  uint64
+	lastClass uint32
+}
+
+// piece is the addresses .lo to .hi of a block, all in one class.
+type piece struct {
+	lo, hi uint8
+	cls    uint32
 }
 
 func (b *v4Builder) class(mask uint64) uint32 {
+	if mask == b.lastMask {
+		return b.lastClass
+	}
 	c, ok := b.classOf[mask]
 	if !ok {
 		c = uint32(len(b.t.V4Classes))
 		b.classOf[mask] = c
 		b.t.V4Classes = append(b.t.V4Classes, mask)
 	}
+	b.lastMask, b.lastClass = mask, c
 	return c
 }
 
@@ -92,18 +133,13 @@ func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
 			}
 			lo = uint32(last+1) << 8
 		} else {
-			// Part of a block: paint its addresses.
+			// Part of a block.
 			if blk != b.blk {
 				b.flush()
 				b.blk = blk
 			}
 			end := min(hi, uint32(blk)<<8|0xff)
-			for a := lo; ; a++ {
-				b.cls[a&0xff] = c
-				if a == end {
-					break
-				}
-			}
+			b.pieces = append(b.pieces, piece{uint8(lo), uint8(end), c})
 			if end == hi {
 				return
 			}
@@ -115,16 +151,17 @@ func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
 	}
 }
 
-// flush stores the painted block: a bitmap when it holds two classes, a
+// flush stores the assembled block: a bitmap when it holds two classes, a
 // tbl8 otherwise.
 func (b *v4Builder) flush() {
 	if b.blk < 0 {
 		return
 	}
-	base, hit, n := b.cls[0], b.cls[0], 1
-	for _, c := range b.cls {
-		if c != base && c != hit {
-			hit = c
+	ps := b.pieces
+	base, hit, n := ps[0].cls, ps[0].cls, 1
+	for _, p := range ps {
+		if p.cls != base && p.cls != hit {
+			hit = p.cls
 			n++
 		}
 	}
@@ -133,20 +170,37 @@ func (b *v4Builder) flush() {
 		b.t.V4Tbl24[b.blk] = base
 	case n == 2:
 		bm := datapath.V4Bitmap{Base: uint16(base), Hit: uint16(hit)}
-		for i, c := range b.cls {
-			if c == hit {
-				bm.Bits[i>>6] |= 1 << (i & 63)
+		for _, p := range ps {
+			if p.cls == hit {
+				setBits(&bm.Bits, int(p.lo), int(p.hi))
 			}
 		}
 		b.t.V4Tbl24[b.blk] = datapath.V4Split | uint32(len(b.t.V4Bitmaps))
 		b.t.V4Bitmaps = append(b.t.V4Bitmaps, bm)
 	default:
 		var t8 datapath.V4Tbl8
-		for i, c := range b.cls {
-			t8.Cls[i] = uint16(c)
+		for _, p := range ps {
+			for a := int(p.lo); a <= int(p.hi); a++ {
+				t8.Cls[a] = uint16(p.cls)
+			}
 		}
 		b.t.V4Tbl24[b.blk] = datapath.V4Split | datapath.V4Tbl8Flag | uint32(len(b.t.V4Tbl8s))
 		b.t.V4Tbl8s = append(b.t.V4Tbl8s, t8)
 	}
 	b.blk = -1
+	b.pieces = b.pieces[:0]
+}
+
+// setBits sets bits lo to hi (inclusive) of a 256-bit bitmap.
+func setBits(bits *[4]uint64, lo, hi int) {
+	for lo <= hi {
+		w, end := lo>>6, min(hi, lo|63)
+		n := end - lo + 1
+		m := ^uint64(0)
+		if n < 64 {
+			m = (uint64(1)<<n - 1) << (lo & 63)
+		}
+		bits[w] |= m
+		lo = end + 1
+	}
 }

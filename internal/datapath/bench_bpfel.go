@@ -54,11 +54,14 @@ type benchV4Tbl8 struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	benchMapHits         = "hits"
-	benchMapKernelLpm    = "kernel_lpm"
+	benchMapKernelLpmV4  = "kernel_lpm_v4"
+	benchMapKernelLpmV6  = "kernel_lpm_v6"
 	benchMapOverlayV4    = "overlay_v4"
 	benchMapOverlayV6    = "overlay_v6"
 	benchMapV4Bitmaps    = "v4_bitmaps"
 	benchMapV4Classes    = "v4_classes"
+	benchMapV4Present    = "v4_present"
+	benchMapV4Rank       = "v4_rank"
 	benchMapV4Tbl24      = "v4_tbl24"
 	benchMapV4Tbl8s      = "v4_tbl8s"
 	benchMapV6Prefixes   = "v6_prefixes"
@@ -123,15 +126,18 @@ type benchProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchMapSpecs struct {
-	Hits       *ebpf.MapSpec `ebpf:"hits"`
-	KernelLpm  *ebpf.MapSpec `ebpf:"kernel_lpm"`
-	OverlayV4  *ebpf.MapSpec `ebpf:"overlay_v4"`
-	OverlayV6  *ebpf.MapSpec `ebpf:"overlay_v6"`
-	V4Bitmaps  *ebpf.MapSpec `ebpf:"v4_bitmaps"`
-	V4Classes  *ebpf.MapSpec `ebpf:"v4_classes"`
-	V4Tbl24    *ebpf.MapSpec `ebpf:"v4_tbl24"`
-	V4Tbl8s    *ebpf.MapSpec `ebpf:"v4_tbl8s"`
-	V6Prefixes *ebpf.MapSpec `ebpf:"v6_prefixes"`
+	Hits        *ebpf.MapSpec `ebpf:"hits"`
+	KernelLpmV4 *ebpf.MapSpec `ebpf:"kernel_lpm_v4"`
+	KernelLpmV6 *ebpf.MapSpec `ebpf:"kernel_lpm_v6"`
+	OverlayV4   *ebpf.MapSpec `ebpf:"overlay_v4"`
+	OverlayV6   *ebpf.MapSpec `ebpf:"overlay_v6"`
+	V4Bitmaps   *ebpf.MapSpec `ebpf:"v4_bitmaps"`
+	V4Classes   *ebpf.MapSpec `ebpf:"v4_classes"`
+	V4Present   *ebpf.MapSpec `ebpf:"v4_present"`
+	V4Rank      *ebpf.MapSpec `ebpf:"v4_rank"`
+	V4Tbl24     *ebpf.MapSpec `ebpf:"v4_tbl24"`
+	V4Tbl8s     *ebpf.MapSpec `ebpf:"v4_tbl8s"`
+	V6Prefixes  *ebpf.MapSpec `ebpf:"v6_prefixes"`
 }
 
 // benchVariableSpecs contains global variables before they are loaded into the kernel.
@@ -165,25 +171,31 @@ func (o *benchObjects) Close() error {
 //
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchMaps struct {
-	Hits       *ebpf.Map `ebpf:"hits"`
-	KernelLpm  *ebpf.Map `ebpf:"kernel_lpm"`
-	OverlayV4  *ebpf.Map `ebpf:"overlay_v4"`
-	OverlayV6  *ebpf.Map `ebpf:"overlay_v6"`
-	V4Bitmaps  *ebpf.Map `ebpf:"v4_bitmaps"`
-	V4Classes  *ebpf.Map `ebpf:"v4_classes"`
-	V4Tbl24    *ebpf.Map `ebpf:"v4_tbl24"`
-	V4Tbl8s    *ebpf.Map `ebpf:"v4_tbl8s"`
-	V6Prefixes *ebpf.Map `ebpf:"v6_prefixes"`
+	Hits        *ebpf.Map `ebpf:"hits"`
+	KernelLpmV4 *ebpf.Map `ebpf:"kernel_lpm_v4"`
+	KernelLpmV6 *ebpf.Map `ebpf:"kernel_lpm_v6"`
+	OverlayV4   *ebpf.Map `ebpf:"overlay_v4"`
+	OverlayV6   *ebpf.Map `ebpf:"overlay_v6"`
+	V4Bitmaps   *ebpf.Map `ebpf:"v4_bitmaps"`
+	V4Classes   *ebpf.Map `ebpf:"v4_classes"`
+	V4Present   *ebpf.Map `ebpf:"v4_present"`
+	V4Rank      *ebpf.Map `ebpf:"v4_rank"`
+	V4Tbl24     *ebpf.Map `ebpf:"v4_tbl24"`
+	V4Tbl8s     *ebpf.Map `ebpf:"v4_tbl8s"`
+	V6Prefixes  *ebpf.Map `ebpf:"v6_prefixes"`
 }
 
 func (m *benchMaps) Close() error {
 	return _BenchClose(
 		m.Hits,
-		m.KernelLpm,
+		m.KernelLpmV4,
+		m.KernelLpmV6,
 		m.OverlayV4,
 		m.OverlayV6,
 		m.V4Bitmaps,
 		m.V4Classes,
+		m.V4Present,
+		m.V4Rank,
 		m.V4Tbl24,
 		m.V4Tbl8s,
 		m.V6Prefixes,

@@ -82,6 +82,8 @@ const (
 	filterMapOverlayV6     = "overlay_v6"
 	filterMapV4Bitmaps     = "v4_bitmaps"
 	filterMapV4Classes     = "v4_classes"
+	filterMapV4Present     = "v4_present"
+	filterMapV4Rank        = "v4_rank"
 	filterMapV4Tbl24       = "v4_tbl24"
 	filterMapV4Tbl8s       = "v4_tbl8s"
 	filterMapV6Prefixes    = "v6_prefixes"
@@ -151,6 +153,8 @@ type filterMapSpecs struct {
 	OverlayV6  *ebpf.MapSpec `ebpf:"overlay_v6"`
 	V4Bitmaps  *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Classes  *ebpf.MapSpec `ebpf:"v4_classes"`
+	V4Present  *ebpf.MapSpec `ebpf:"v4_present"`
+	V4Rank     *ebpf.MapSpec `ebpf:"v4_rank"`
 	V4Tbl24    *ebpf.MapSpec `ebpf:"v4_tbl24"`
 	V4Tbl8s    *ebpf.MapSpec `ebpf:"v4_tbl8s"`
 	V6Prefixes *ebpf.MapSpec `ebpf:"v6_prefixes"`
@@ -194,6 +198,8 @@ type filterMaps struct {
 	OverlayV6  *ebpf.Map `ebpf:"overlay_v6"`
 	V4Bitmaps  *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Classes  *ebpf.Map `ebpf:"v4_classes"`
+	V4Present  *ebpf.Map `ebpf:"v4_present"`
+	V4Rank     *ebpf.Map `ebpf:"v4_rank"`
 	V4Tbl24    *ebpf.Map `ebpf:"v4_tbl24"`
 	V4Tbl8s    *ebpf.Map `ebpf:"v4_tbl8s"`
 	V6Prefixes *ebpf.Map `ebpf:"v6_prefixes"`
@@ -206,6 +212,8 @@ func (m *filterMaps) Close() error {
 		m.OverlayV6,
 		m.V4Bitmaps,
 		m.V4Classes,
+		m.V4Present,
+		m.V4Rank,
 		m.V4Tbl24,
 		m.V4Tbl8s,
 		m.V6Prefixes,

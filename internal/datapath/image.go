@@ -21,7 +21,9 @@ type Image struct {
 
 // Tables are the contents of the prefix-list maps (see bpf/common.h).
 type Tables struct {
-	V4Tbl24   []uint32 // one entry per /24 block; trailing empty blocks left out
+	V4Present []uint64 // which /24 blocks have an entry; trailing empty words left out
+	V4Rank    []uint64 // per word of V4Present, the entries before it
+	V4Tbl24   []uint32 // the entries of the blocks present, in block order
 	V4Bitmaps []V4Bitmap
 	V4Tbl8s   []V4Tbl8
 	V4Classes []uint64 // class id -> list mask; class 0 is no list
@@ -89,7 +91,7 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, img.Rules)
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, boolByte(img.NeedSrc), boolByte(img.NeedDst)})
 	t := &img.Tables
-	for _, part := range []any{t.V4Tbl24, t.V4Bitmaps, t.V4Tbl8s, t.V4Classes, t.V6, t.V6Lens} {
+	for _, part := range []any{t.V4Present, t.V4Rank, t.V4Tbl24, t.V4Bitmaps, t.V4Tbl8s, t.V4Classes, t.V6, t.V6Lens} {
 		binary.Write(h, binary.LittleEndian, part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -100,6 +102,6 @@ func (t *Tables) KernelBytes() uint64 {
 	const hashElem = 64 // htab_elem header + key + value, rounded
 	const lpmNode = 64
 	chunks := (len(t.V4Tbl24) + V4Chunk - 1) / V4Chunk
-	return uint64(chunks)*V4Chunk*4 + uint64(len(t.V4Bitmaps))*40 + uint64(len(t.V4Tbl8s))*512 +
+	return uint64(len(t.V4Present))*16 + uint64(chunks)*V4Chunk*4 + uint64(len(t.V4Bitmaps))*40 + uint64(len(t.V4Tbl8s))*512 +
 		uint64(len(t.V4Classes))*8 + uint64(len(t.V6))*hashElem + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
 }

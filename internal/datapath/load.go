@@ -23,6 +23,8 @@ type Objects struct {
 
 // Names of the prefix-list maps.
 const (
+	mapPresent   = "v4_present"
+	mapRank      = "v4_rank"
 	mapTbl24     = "v4_tbl24"
 	mapBitmaps   = "v4_bitmaps"
 	mapTbl8s     = "v4_tbl8s"
@@ -32,7 +34,7 @@ const (
 	MapOverlayV6 = "overlay_v6"
 )
 
-var tableMaps = []string{mapTbl24, mapBitmaps, mapTbl8s, mapClasses, mapV6, MapOverlayV4, MapOverlayV6}
+var tableMaps = []string{mapPresent, mapRank, mapTbl24, mapBitmaps, mapTbl8s, mapClasses, mapV6, MapOverlayV4, MapOverlayV6}
 
 // Kind selects one of the two programs.
 type Kind int
@@ -102,7 +104,7 @@ func NewTablesCollection(spec *ebpf.CollectionSpec, t *Tables) (*ebpf.Collection
 		return nil, err
 	}
 	chunks := (len(t.V4Tbl24) + V4Chunk - 1) / V4Chunk
-	for name, n := range map[string]int{mapTbl24: chunks, mapBitmaps: len(t.V4Bitmaps), mapTbl8s: len(t.V4Tbl8s), mapClasses: len(t.V4Classes), mapV6: len(t.V6)} {
+	for name, n := range map[string]int{mapPresent: len(t.V4Present), mapRank: len(t.V4Rank), mapTbl24: chunks, mapBitmaps: len(t.V4Bitmaps), mapTbl8s: len(t.V4Tbl8s), mapClasses: len(t.V4Classes), mapV6: len(t.V6)} {
 		spec.Maps[name].MaxEntries = uint32(max(1, n))
 	}
 	coll, err := ebpf.NewCollection(spec)
@@ -121,7 +123,7 @@ func NewTablesCollection(spec *ebpf.CollectionSpec, t *Tables) (*ebpf.Collection
 }
 
 func fillTables(maps map[string]*ebpf.Map, t *Tables) error {
-	for name, data := range map[string]any{mapTbl24: t.V4Tbl24, mapBitmaps: t.V4Bitmaps, mapTbl8s: t.V4Tbl8s, mapClasses: t.V4Classes} {
+	for name, data := range map[string]any{mapPresent: t.V4Present, mapRank: t.V4Rank, mapTbl24: t.V4Tbl24, mapBitmaps: t.V4Bitmaps, mapTbl8s: t.V4Tbl8s, mapClasses: t.V4Classes} {
 		if err := writeArray(maps[name], data); err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -285,3 +287,6 @@ func (k Kind) String() string {
 	}
 	return "xdp"
 }
+
+// BenchSpec is the lookup benchmark's BPF object (bpf/bench.c).
+func BenchSpec() (*ebpf.CollectionSpec, error) { return loadBench() }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"sync"
 	"time"
 )
 
@@ -24,7 +25,8 @@ type List struct {
 	// FirstSkipped locates and explains the first skipped line.
 	FirstSkipped string
 	Ops          []ListOp
-	v6           *PrefixSet
+	v6           *PrefixSet // built on first use: only the reference model needs it
+	v6once       sync.Once
 }
 
 // ListOp is an in-place change to a live list (`rampart list add|del`). Ops
@@ -54,6 +56,7 @@ func (l *List) baseContains(addr netip.Addr) bool {
 		i := sort.Search(len(l.V4), func(i int) bool { return l.V4[i].Hi >= a })
 		return i < len(l.V4) && l.V4[i].Lo <= a
 	}
+	l.v6once.Do(func() { l.v6 = NewPrefixSet(l.V6) })
 	return l.v6.Contains(addr)
 }
 
@@ -96,12 +99,16 @@ func (b *listBuilder) addPrefix(p netip.Prefix) {
 }
 
 func (b *listBuilder) build(name string, family int) *List {
-	l := &List{Name: name, Family: family, Entries: b.entries, Skipped: b.skipped, FirstSkipped: b.firstSkip}
-	l.V4 = MergeRanges4(b.v4)
-	slices.SortFunc(b.v6, ComparePrefix)
-	l.V6 = slices.Compact(b.v6)
-	l.v6 = NewPrefixSet(l.V6)
+	l := BuildList(name, b.v4, b.v6)
+	l.Family, l.Entries, l.Skipped, l.FirstSkipped = family, b.entries, b.skipped, b.firstSkip
 	return l
+}
+
+// BuildList makes a list of IPv4 ranges and IPv6 prefixes (masked), which it
+// sorts and merges in place.
+func BuildList(name string, v4 []Range4, v6 []netip.Prefix) *List {
+	slices.SortFunc(v6, ComparePrefix)
+	return &List{Name: name, V4: MergeRanges4(v4), V6: slices.Compact(v6), Entries: len(v4) + len(v6)}
 }
 
 // NewList builds a list from prefixes; tests and inline prefixes use it.
@@ -114,9 +121,9 @@ func NewList(name string, prefixes []netip.Prefix) *List {
 }
 
 // MergeRanges4 sorts ranges and merges overlapping and adjacent ones, in
-// place. Already-sorted input (most published lists) sorts in linear time.
+// place.
 func MergeRanges4(rs []Range4) []Range4 {
-	slices.SortFunc(rs, func(a, b Range4) int { return cmp.Compare(a.Lo, b.Lo) })
+	sortRanges4(rs)
 	out := rs[:0]
 	for _, r := range rs {
 		if n := len(out); n > 0 && (out[n-1].Hi == ^uint32(0) || r.Lo <= out[n-1].Hi+1) {
@@ -135,4 +142,35 @@ func ComparePrefix(a, b netip.Prefix) int {
 		return c
 	}
 	return cmp.Compare(a.Bits(), b.Bits())
+}
+
+// sortRanges4 orders ranges by start: nothing to do for already-sorted input
+// (most published lists), else a two-pass radix sort on 16-bit digits, which
+// at ten million ranges is several times faster than a comparison sort.
+func sortRanges4(rs []Range4) {
+	if slices.IsSortedFunc(rs, func(a, b Range4) int { return cmp.Compare(a.Lo, b.Lo) }) {
+		return
+	}
+	if len(rs) < 1<<16 {
+		slices.SortFunc(rs, func(a, b Range4) int { return cmp.Compare(a.Lo, b.Lo) })
+		return
+	}
+	tmp := make([]Range4, len(rs))
+	src, dst := rs, tmp
+	for shift := 0; shift < 32; shift += 16 {
+		var count [1<<16 + 1]int
+		for _, r := range src {
+			count[(r.Lo>>shift)&0xffff+1]++
+		}
+		for i := 1; i < len(count); i++ {
+			count[i] += count[i-1]
+		}
+		for _, r := range src {
+			d := (r.Lo >> shift) & 0xffff
+			dst[count[d]] = r
+			count[d]++
+		}
+		src, dst = dst, src
+	}
+	// Two passes: the result is back in rs.
 }

@@ -1,0 +1,339 @@
+// Package bench measures the per-packet cost of prefix-list lookups through
+// BPF_PROG_TEST_RUN: rampart's tables beside the kernel's LPM trie and the
+// steps every lookup pays for (a bare drop, parsing, a random source).
+package bench
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// Structures, in the order each adds to the one before.
+const (
+	XDPDrop   = "xdp-drop"
+	Parse     = "parse"
+	Baseline  = "baseline"
+	KernelLPM = "kernel-lpm"
+	Rampart   = "rampart"
+)
+
+// Mixes of prefix lengths.
+const (
+	MixEgress   = "egress"   // the egress study's: /24 10%, /16 1%, the rest /32
+	MixRandom32 = "random32" // all host prefixes
+)
+
+// Options choose what to measure.
+type Options struct {
+	Families []int
+	Mixes    []string
+	Sizes    []int
+	Repeat   int // packets per run (BPF_PROG_TEST_RUN repeat)
+	Runs     int // runs per measurement; the median is reported
+	// Progress, if set, hears what is being done.
+	Progress func(msg string)
+}
+
+// Result is one row: one structure at one list size.
+type Result struct {
+	Structure   string  `json:"structure"`
+	Family      int     `json:"family"`
+	Mix         string  `json:"mix"`
+	Size        int     `json:"size"`
+	NsPerPacket float64 `json:"ns_per_packet"` // median over runs
+	NsMin       float64 `json:"ns_min"`
+	NsMax       float64 `json:"ns_max"`
+	// VsBaseline is ns_per_packet over the baseline's in the same run.
+	VsBaseline float64 `json:"vs_baseline"`
+	// HitRate is the share of random sources found in the list (lookups only).
+	HitRate *float64 `json:"hit_rate,omitempty"`
+	// LoadSeconds is the time from prefixes in memory to a loaded, filled map
+	// (lookups only); BytesPerPrefix the kernel memory (memlock) per prefix.
+	LoadSeconds    *float64 `json:"load_seconds"`
+	BytesPerPrefix *float64 `json:"bytes_per_prefix"`
+	KernelBytes    uint64   `json:"kernel_bytes,omitempty"`
+	Error          string   `json:"error,omitempty"`
+}
+
+// The IPv6 sources and prefixes live in 2001:db8::/96, so that random /128s
+// hit as often as random /32s do in IPv4.
+var v6Base = netip.MustParseAddr("2001:db8::").As16()
+
+// Lookup runs every structure for every family, mix and size.
+func Lookup(o Options) ([]Result, error) {
+	var out []Result
+	for _, fam := range o.Families {
+		for _, mix := range o.Mixes {
+			for _, size := range o.Sizes {
+				rows, err := lookupOne(o, fam, mix, size)
+				if err != nil {
+					return out, err
+				}
+				out = append(out, rows...)
+			}
+		}
+	}
+	return out, nil
+}
+
+// A subject is one program to measure and the row it fills.
+type subject struct {
+	prog *ebpf.Program
+	hits *ebpf.Map // nil: no hit rate
+	row  *Result
+}
+
+func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
+	say := func(format string, args ...any) {
+		if o.Progress != nil {
+			o.Progress(fmt.Sprintf("IPv%d %s %d: ", fam, mix, size) + fmt.Sprintf(format, args...))
+		}
+	}
+	rows := make([]Result, 5)
+	for i, s := range []string{XDPDrop, Parse, Baseline, KernelLPM, Rampart} {
+		rows[i] = Result{Structure: s, Family: fam, Mix: mix, Size: size}
+	}
+
+	// The steps before any lookup, loaded with empty tables.
+	spec, err := benchSpec(fam, 0)
+	if err != nil {
+		return nil, err
+	}
+	steps, err := datapath.NewTablesCollection(spec, &datapath.Tables{})
+	if err != nil {
+		return nil, err
+	}
+	defer steps.Close()
+	subjects := []subject{{steps.Programs["bench_drop"], nil, &rows[0]}, {steps.Programs["bench_parse"], nil, &rows[1]}, {steps.Programs["bench_lookup"], nil, &rows[2]}}
+
+	say("generating %d prefixes", size)
+	prefixes := generate(fam, mix, size)
+	say("loading the kernel LPM trie")
+	if lpm := kernelLPM(fam, prefixes, &rows[3]); lpm != nil {
+		defer lpm.Close()
+		subjects = append(subjects, subject{lpm.Programs["bench_lookup"], lpm.Maps["hits"], &rows[3]})
+	}
+	say("building rampart's tables")
+	if rt := rampart(fam, prefixes, &rows[4]); rt != nil {
+		defer rt.Close()
+		subjects = append(subjects, subject{rt.Programs["bench_lookup"], rt.Maps["hits"], &rows[4]})
+	}
+	prefixes = nil
+
+	// Runs interleave the subjects, so that noise from a shared machine
+	// falls on all of them alike.
+	frame := udpFrame(fam)
+	ns := make([][]float64, len(subjects))
+	before := make([]uint64, len(subjects))
+	for i, s := range subjects {
+		before[i] = sumHits(s.hits)
+	}
+	for run := 0; run < o.Runs; run++ {
+		say("run %d of %d", run+1, o.Runs)
+		for i, s := range subjects {
+			ret, d, err := s.prog.Benchmark(frame, o.Repeat, nil)
+			if err == nil && ret != 1 { // XDP_DROP: the frame parsed and was not passed
+				err = fmt.Errorf("program returned %d, not XDP_DROP", ret)
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", s.row.Structure, err)
+			}
+			ns[i] = append(ns[i], float64(d.Nanoseconds()))
+		}
+	}
+	for i, s := range subjects {
+		slices.Sort(ns[i])
+		s.row.NsPerPacket, s.row.NsMin, s.row.NsMax = ns[i][len(ns[i])/2], ns[i][0], ns[i][len(ns[i])-1]
+		if s.hits != nil {
+			s.row.HitRate = ptr(float64(sumHits(s.hits)-before[i]) / float64(o.Runs*o.Repeat))
+		}
+	}
+	base := rows[2].NsPerPacket
+	for i := range rows {
+		if base > 0 && rows[i].NsPerPacket > 0 {
+			rows[i].VsBaseline = rows[i].NsPerPacket / base
+		}
+	}
+	return rows, nil
+}
+
+// benchSpec is bench.c configured for a family and a structure.
+func benchSpec(fam int, structure uint8) (*ebpf.CollectionSpec, error) {
+	spec, err := datapath.BenchSpec()
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range map[string]any{"family": uint8(fam), "structure": structure, "v6_base_addr": v6Base} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	return spec, nil
+}
+
+// kernelLPM loads the benchmark over the kernel's LPM trie holding
+// prefixes, recording load time and memory in r; nil when it failed (the
+// error is in r).
+func kernelLPM(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
+	spec, err := benchSpec(fam, 1)
+	if err != nil {
+		r.Error = err.Error()
+		return nil
+	}
+	name := fmt.Sprintf("kernel_lpm_v%d", fam)
+	spec.Maps[name].MaxEntries = uint32(max(1, len(prefixes)))
+	start := time.Now()
+	coll, err := datapath.NewTablesCollection(spec, &datapath.Tables{})
+	if err == nil {
+		if err = fillLPM(coll.Maps[name], fam, prefixes); err != nil {
+			coll.Close()
+		}
+	}
+	if err != nil {
+		r.Error = err.Error()
+		return nil
+	}
+	r.LoadSeconds = ptr(time.Since(start).Seconds())
+	r.KernelBytes = memlock(coll.Maps[name])
+	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
+	return coll
+}
+
+// fillLPM writes the prefixes into the kernel's LPM trie, one update each:
+// the trie has no batch update.
+func fillLPM(m *ebpf.Map, fam int, prefixes []netip.Prefix) error {
+	var err error
+	for i, p := range prefixes {
+		if fam == 4 {
+			err = m.Put(datapath.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}, uint64(1))
+		} else {
+			err = m.Put(datapath.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}, uint64(1))
+		}
+		if err != nil {
+			return fmt.Errorf("kernel LPM trie, entry %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// rampart loads the benchmark over rampart's tables holding prefixes, timed
+// from the prefixes in memory to filled maps; nil when it failed.
+func rampart(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
+	spec, err := benchSpec(fam, 2)
+	if err != nil {
+		r.Error = err.Error()
+		return nil
+	}
+	start := time.Now()
+	var v4 []policy.Range4
+	var v6 []netip.Prefix
+	if fam == 4 {
+		v4 = make([]policy.Range4, len(prefixes))
+		for i, p := range prefixes {
+			v4[i] = policy.PrefixRange4(p)
+		}
+	} else {
+		v6 = slices.Clone(prefixes)
+	}
+	list := policy.BuildList("bench", v4, v6)
+	tables := compile.BuildTables([]*policy.List{list}, []uint64{1})
+	coll, err := datapath.NewTablesCollection(spec, &tables)
+	if err != nil {
+		r.Error = err.Error()
+		return nil
+	}
+	r.LoadSeconds = ptr(time.Since(start).Seconds())
+	for _, name := range []string{"v4_present", "v4_rank", "v4_tbl24", "v4_bitmaps", "v4_tbl8s", "v4_classes", "v6_prefixes", "overlay_v4", "overlay_v6"} {
+		r.KernelBytes += memlock(coll.Maps[name])
+	}
+	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
+	return coll
+}
+
+func memlock(m *ebpf.Map) uint64 {
+	info, err := m.Info()
+	if err != nil {
+		return 0
+	}
+	b, _ := info.Memlock()
+	return b
+}
+
+func sumHits(m *ebpf.Map) uint64 {
+	if m == nil {
+		return 0
+	}
+	var per []uint64
+	if err := m.Lookup(uint32(0), &per); err != nil {
+		return 0
+	}
+	var n uint64
+	for _, v := range per {
+		n += v
+	}
+	return n
+}
+
+func ptr(f float64) *float64 { return &f }
+
+// generate draws size prefixes of the mix, deterministically.
+func generate(fam int, mix string, size int) []netip.Prefix {
+	rng := rand.New(rand.NewPCG(uint64(fam), uint64(size)))
+	out := make([]netip.Prefix, size)
+	for i := range out {
+		host := 32
+		if mix == MixEgress {
+			switch {
+			case i%100 == 0:
+				host = 16
+			case i%10 == 1:
+				host = 24
+			}
+		}
+		r := rng.Uint32()
+		if fam == 4 {
+			var b [4]byte
+			binary.BigEndian.PutUint32(b[:], r)
+			out[i] = netip.PrefixFrom(netip.AddrFrom4(b), host).Masked()
+		} else {
+			b := v6Base
+			binary.BigEndian.PutUint32(b[12:], r)
+			out[i] = netip.PrefixFrom(netip.AddrFrom16(b), 96+host).Masked()
+		}
+	}
+	return out
+}
+
+// udpFrame is a minimal Ethernet + IP + UDP frame of the family.
+func udpFrame(fam int) []byte {
+	f := make([]byte, 14)
+	if fam == 4 {
+		binary.BigEndian.PutUint16(f[12:], 0x0800)
+		ip := []byte{0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0, 192, 0, 2, 1, 192, 0, 2, 2}
+		f = append(f, ip...)
+	} else {
+		binary.BigEndian.PutUint16(f[12:], 0x86dd)
+		ip := make([]byte, 40)
+		ip[0], ip[5], ip[6], ip[7] = 0x60, 8, 17, 64
+		copy(ip[8:], v6Base[:])
+		copy(ip[24:], v6Base[:])
+		f = append(f, ip...)
+	}
+	udp := []byte{0x30, 0x39, 0, 53, 0, 8, 0, 0}
+	f = append(f, udp...)
+	// Padding to the 60-byte minimum frame.
+	for len(f) < 60 {
+		f = append(f, 0)
+	}
+	return f
+}
