@@ -18,21 +18,30 @@ func ScopeStateDir(netns string) string { return filepath.Join(StateRoot, Hook{N
 // never touched.
 func ReplaceOverlay(st *State, v4 []OverlayEntry[LPMKeyV4], v6 []OverlayEntry[LPMKeyV6]) error {
 	dir := st.Hook.genDir(st.Generation)
-	if err := replaceOverlay(filepath.Join(dir, MapOverlayV4), v4); err != nil {
-		return fmt.Errorf("%s: %w", st.Hook, err)
+	o := &Objects{Tables: map[string]*ebpf.Map{}}
+	defer o.Close()
+	for _, name := range []string{MapOverlayV4, MapOverlayV6} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+		if err != nil {
+			return fmt.Errorf("%s: open %s: %w", st.Hook, name, err)
+		}
+		o.Tables[name] = m
 	}
-	if err := replaceOverlay(filepath.Join(dir, MapOverlayV6), v6); err != nil {
+	if err := o.ReplaceOverlay(v4, v6); err != nil {
 		return fmt.Errorf("%s: %w", st.Hook, err)
 	}
 	return nil
 }
 
-func replaceOverlay[K LPMKeyV4 | LPMKeyV6](pin string, entries []OverlayEntry[K]) error {
-	m, err := ebpf.LoadPinnedMap(pin, nil)
-	if err != nil {
-		return fmt.Errorf("open %s: %w", pin, err)
+// ReplaceOverlay rewrites the objects' overlay in place (see the function).
+func (o *Objects) ReplaceOverlay(v4 []OverlayEntry[LPMKeyV4], v6 []OverlayEntry[LPMKeyV6]) error {
+	if err := replaceOverlay(o.Tables[MapOverlayV4], v4); err != nil {
+		return err
 	}
-	defer m.Close()
+	return replaceOverlay(o.Tables[MapOverlayV6], v6)
+}
+
+func replaceOverlay[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []OverlayEntry[K]) error {
 	if err := PutOverlay(m, entries); err != nil {
 		return err
 	}
