@@ -14,7 +14,7 @@ import (
 // --confirm starts os.Executable() as its rollback watchdog, and the tests
 // run apply in a child process to kill it.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == "rollback-watchdog" || os.Getenv("RAMPART_TEST_AS_CLI") == "1") {
+	if len(os.Args) > 1 && (os.Args[1] == "rollback-watchdog" || os.Args[1] == "list-expire" || os.Getenv("RAMPART_TEST_AS_CLI") == "1") {
 		cli.Main()
 		os.Exit(0)
 	}

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"strings"
 
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -122,4 +124,18 @@ func EnsureBPFFS() error {
 		return fmt.Errorf("mount bpffs at %s: %w (mount it yourself: mount -t bpf bpf %s)", base, err, base)
 	}
 	return nil
+}
+
+// Program opens the program the hook's pinned link runs now.
+func (h Hook) Program() (*ebpf.Program, error) {
+	l, err := link.LoadPinnedLink(h.linkPath(), nil)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return nil, err
+	}
+	return ebpf.NewProgramFromID(info.Program)
 }
