@@ -72,6 +72,10 @@ func TestBadInputChangesNothing(t *testing.T) {
 	mustRampart(t, "apply", "-f", good, "--netns", p.NsB, "--iface", p.IfB)
 	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
 	before := hookStatus(t, p.NsB)
+	listOf := func(content string) string { return writeFile(t, "list-"+fmt.Sprint(len(content)), content) }
+	withList := func(content string) string {
+		return fmt.Sprintf("lists:\n  l: {files: [%s]}\nrules:\n  - {name: a, src: l, action: drop}\n", listOf(content))
+	}
 
 	for _, c := range []struct {
 		name, yaml string
@@ -84,6 +88,12 @@ func TestBadInputChangesNothing(t *testing.T) {
 		{"missing list file", "lists:\n  l: {files: [/nonexistent/list]}\nrules: []\n", nil, "bad.yaml:2: lists.l.files"},
 		{"missing interface", "rules: []\n", []string{"--iface", "nosuchif0"}, "--iface nosuchif0: no such interface"},
 		{"second interface missing", "rules: []\n", []string{"--iface", p.IfB, "--iface", "nosuchif0"}, "--iface nosuchif0"},
+		{"malformed list line", withList("192.0.2.1\n192.0.2.x\n"), nil, `:2: bad address "192.0.2.x"`},
+		{"/33 in a list", withList("192.0.2.0/33\n"), nil, `:1: bad prefix "192.0.2.0/33"`},
+		{"backwards range", withList("\n192.0.2.9-192.0.2.1\n"), nil, ":2: range 192.0.2.9-192.0.2.1: start is above end"},
+		{"empty list file", withList(""), nil, "file is empty (0 bytes)"},
+		{"binary list file", withList("\x7fELF\x00\x01"), nil, ":1: binary data"},
+		{"ipv6 in an ipv4 list", fmt.Sprintf("lists:\n  l: {files: [%s], family: 4}\nrules:\n  - {name: a, src: l, action: drop}\n", listOf("192.0.2.1\n\n\n2001:db8::1\n")), nil, `:4: IPv6 entry "2001:db8::1" in an IPv4-only list`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			bad := writeFile(t, "bad.yaml", c.yaml)
@@ -99,6 +109,16 @@ func TestBadInputChangesNothing(t *testing.T) {
 				t.Fatalf("host changed:\nbefore %+v\nafter  %+v", before, after)
 			}
 		})
+	}
+
+	// Tables over the memory allowed are refused before anything is made.
+	t.Setenv("RAMPART_MAX_TABLE_BYTES", "100000")
+	big := writeFile(t, "big.yaml", withList("0.0.0.0/0\n10.0.0.1\n"))
+	if _, err := rampart(t, "apply", "-f", big, "--netns", p.NsB, "--iface", p.IfB); err == nil || !strings.Contains(err.Error(), "over RAMPART_MAX_TABLE_BYTES") {
+		t.Fatalf("apply over the memory cap: %v", err)
+	}
+	if after := hookStatus(t, p.NsB); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Fatalf("host changed by a refused apply:\nbefore %+v\nafter  %+v", before, after)
 	}
 }
 

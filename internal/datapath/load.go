@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -187,9 +188,19 @@ func PutOverlay[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []OverlayEntry[K]) e
 	return nil
 }
 
-// checkMemory refuses tables that would not fit in the memory available,
-// before any map is created.
+// checkMemory refuses tables that would not fit in the memory available
+// (or over RAMPART_MAX_TABLE_BYTES, an operator's cap), before any map is
+// created.
 func checkMemory(need uint64) error {
+	if s := os.Getenv("RAMPART_MAX_TABLE_BYTES"); s != "" {
+		limit, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("RAMPART_MAX_TABLE_BYTES=%q: want a number of bytes", s)
+		}
+		if need > limit {
+			return fmt.Errorf("the prefix lists need about %d bytes of kernel memory, over RAMPART_MAX_TABLE_BYTES=%d: nothing was changed", need, limit)
+		}
+	}
 	f, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return nil
