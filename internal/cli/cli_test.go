@@ -38,6 +38,20 @@ func TestCheck(t *testing.T) {
 	if !res.Valid || res.Rules != 1 || res.Entries != 4 || res.Split != 0 || res.V6 != 1 {
 		t.Errorf("check: %+v", res)
 	}
+	// --lenient skips bad list lines and counts them; without it they fail.
+	list := writeFile(t, "l.txt", "10.0.0.1\nnonsense\n10.0.0.0/40\n10.0.0.2\n")
+	lenient := writeFile(t, "lenient.yaml", fmt.Sprintf("lists:\n  l: {files: [%s]}\nrules:\n  - {name: a, src: l, action: drop}\n", list))
+	if _, err := rampart(t, "check", "-f", lenient); err == nil || !strings.Contains(err.Error(), "l.txt:2:") || !strings.Contains(err.Error(), "--lenient") {
+		t.Errorf("check of a list with bad lines: %v", err)
+	}
+	var lres struct {
+		Entries int
+		Skipped int `json:"skipped_lines"`
+	}
+	jsonOf(t, &lres, "check", "-f", lenient, "--lenient")
+	if lres.Entries != 2 || lres.Skipped != 2 {
+		t.Errorf("check --lenient: %+v", lres)
+	}
 	bad := writeFile(t, "bad.yaml", "rules:\n  - {name: a, proto: udp, dport: 70000, action: drop}\n")
 	_, err := rampart(t, "check", "-f", bad)
 	if err == nil || !strings.Contains(err.Error(), "bad.yaml:2: dport:") {
