@@ -91,6 +91,7 @@ random32 (all /32). IPv6 uses the same mixes shifted into 2001:db8::/96.`,
 	f.BoolVar(&large, "large", false, "add 50M and 100M prefixes (needs several GiB for the kernel LPM trie)")
 	f.IntVar(&o.Repeat, "repeat", 1_000_000, "packets per run")
 	f.IntVar(&o.Runs, "runs", 5, "runs per measurement (the median is reported)")
+	f.BoolVar(&o.NoKernelLPM, "no-kernel-lpm", false, "leave out the kernel's LPM trie (it takes minutes to load past 10M prefixes)")
 	return c
 }
 
@@ -116,9 +117,12 @@ func lookupTable(res []bench.Result) [][]string {
 	}
 	for _, r := range res {
 		ns, mm, x := "-", "-", "-"
-		if r.Error == "" {
+		switch {
+		case r.Error == "":
 			ns, mm, x = fmt.Sprintf("%.1f", r.NsPerPacket), fmt.Sprintf("%.1f-%.1f", r.NsMin, r.NsMax), fmt.Sprintf("%.2f", r.VsBaseline)
-		} else {
+		case strings.HasPrefix(r.Error, "not measured"):
+			ns = "not measured"
+		default:
 			ns = "failed: " + r.Error
 		}
 		rows = append(rows, []string{fmt.Sprintf("IPv%d", r.Family), r.Mix, strconv.Itoa(r.Size), r.Structure, ns, mm, x,
