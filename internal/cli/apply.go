@@ -223,19 +223,25 @@ func newToken() string {
 }
 
 // spawnWatchdog starts a detached rampart that rolls this apply back at the
-// deadline unless it was confirmed. It has a session of its own, so killing
-// the apply command (or its terminal) does not stop it.
+// deadline unless it was confirmed.
 func spawnWatchdog(token string, deadline time.Time) error {
+	return spawnDetached("rollback.log", "rollback-watchdog", "--token", token, "--at", deadline.UTC().Format(time.RFC3339Nano))
+}
+
+// spawnDetached starts rampart with args in a session of its own, so killing
+// this command (or its terminal) does not stop it; it logs to logName in
+// the state directory.
+func spawnDetached(logName string, args ...string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(datapath.StateRoot, "rollback.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	logf, err := os.OpenFile(filepath.Join(datapath.StateRoot, logName), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(exe, "rollback-watchdog", "--token", token, "--at", deadline.UTC().Format(time.RFC3339Nano))
+	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

@@ -7,12 +7,10 @@ import (
 	"io/fs"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -148,6 +146,11 @@ func opsPath(netns string) string { return filepath.Join(datapath.ScopeStateDir(
 
 // loadOps reads the live changes, without the expired ones.
 func loadOps(netns string) ([]policy.ListOp, error) {
+	ops, err := readOps(netns)
+	return liveOps(ops), err
+}
+
+func readOps(netns string) ([]policy.ListOp, error) {
 	b, err := os.ReadFile(opsPath(netns))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -159,8 +162,12 @@ func loadOps(netns string) ([]policy.ListOp, error) {
 	if err := json.Unmarshal(b, &ops); err != nil {
 		return nil, fmt.Errorf("%s: %w", opsPath(netns), err)
 	}
+	return ops, nil
+}
+
+func liveOps(ops []policy.ListOp) []policy.ListOp {
 	now := time.Now()
-	return slices.DeleteFunc(ops, func(op policy.ListOp) bool { return !op.Expires.IsZero() && !op.Expires.After(now) }), nil
+	return slices.DeleteFunc(ops, func(op policy.ListOp) bool { return !op.Expires.IsZero() && !op.Expires.After(now) })
 }
 
 func saveOps(netns string, ops []policy.ListOp) error {
@@ -225,22 +232,13 @@ func refreshOverlays(netns string, ops []policy.ListOp, mustHave string) ([]stri
 // expire. The caller holds the host lock. It reports whether changes with a
 // TTL remain.
 func expireOps(netns string) (bool, error) {
-	b, err := os.ReadFile(opsPath(netns))
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
-	var all []policy.ListOp
-	if err == nil {
-		err = json.Unmarshal(b, &all)
-	}
+	all, err := readOps(netns)
 	if err != nil {
 		return false, err
 	}
-	live, err := loadOps(netns)
-	if err != nil {
-		return false, err
-	}
-	if len(live) != len(all) {
+	n := len(all)
+	live := liveOps(all)
+	if len(live) != n {
 		if _, err := refreshOverlays(netns, live, ""); err != nil {
 			return true, err
 		}
@@ -281,26 +279,11 @@ func ensureExpirer(netns string) error {
 		return err
 	}
 	f.Close() // the new process takes it
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	logf, err := os.OpenFile(filepath.Join(datapath.StateRoot, "list-expire.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
 	args := []string{"list-expire"}
 	if netns != "" {
 		args = append(args, "--netns", netns)
 	}
-	cmd := exec.Command(exe, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	return cmd.Process.Release()
+	return spawnDetached("list-expire.log", args...)
 }
 
 // expirerCmd is started by list add/del --ttl; it is not for people.
