@@ -209,7 +209,7 @@ func kernelLPM(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
 		return nil
 	}
 	r.LoadSeconds = ptr(time.Since(start).Seconds())
-	r.KernelBytes = memlock(coll.Maps[name])
+	r.KernelBytes = datapath.Memlock(coll.Maps[name])
 	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
 	return coll
 }
@@ -258,20 +258,9 @@ func rampart(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
 		return nil
 	}
 	r.LoadSeconds = ptr(time.Since(start).Seconds())
-	for _, name := range []string{"v4_present", "v4_rank", "v4_tbl24", "v4_bitmaps", "v4_tbl8s", "v4_classes", "v6_prefixes", "overlay_v4", "overlay_v6"} {
-		r.KernelBytes += memlock(coll.Maps[name])
-	}
+	r.KernelBytes = datapath.TablesMemlock(coll)
 	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
 	return coll
-}
-
-func memlock(m *ebpf.Map) uint64 {
-	info, err := m.Info()
-	if err != nil {
-		return 0
-	}
-	b, _ := info.Memlock()
-	return b
 }
 
 func sumHits(m *ebpf.Map) uint64 {

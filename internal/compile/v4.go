@@ -13,15 +13,18 @@ import (
 // membership. Overlapping and duplicate prefixes, nested allow/deny lists
 // and adjacent ranges all come out of the sweep merged.
 func buildV4(t *datapath.Tables, lists []*policy.List, bits []uint64) {
+	ranges := 0
+	for _, l := range lists {
+		ranges += len(l.V4)
+	}
+	if ranges == 0 {
+		return // no 64 MiB scratch table for a policy without IPv4 lists
+	}
 	b := v4Builder{t: t, classOf: map[uint64]uint32{0: 0}, blk: -1, pieces: make([]piece, 0, 256)}
 	t.V4Classes = []uint64{0}
 	t.V4Tbl24 = make([]uint32, datapath.V4Blocks)
 	// A block is split only where a range starts or ends inside it; room
 	// reserved but never touched costs no memory.
-	ranges := 0
-	for _, l := range lists {
-		ranges += len(l.V4)
-	}
 	t.V4Bitmaps = make([]datapath.V4Bitmap, 0, min(2*ranges, datapath.V4Blocks))
 	sweepV4(lists, bits, b.segment)
 	b.flush()

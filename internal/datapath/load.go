@@ -299,5 +299,25 @@ func (k Kind) String() string {
 	return "xdp"
 }
 
+// TablesMemlock is the kernel memory (memlock) of the prefix-list maps of a
+// collection loaded by NewTablesCollection.
+func TablesMemlock(coll *ebpf.Collection) uint64 {
+	var n uint64
+	for _, name := range tableMaps {
+		n += Memlock(coll.Maps[name])
+	}
+	return n
+}
+
+// Memlock is the kernel memory a map accounts for; 0 when unknown.
+func Memlock(m *ebpf.Map) uint64 {
+	info, err := m.Info()
+	if err != nil {
+		return 0
+	}
+	b, _ := info.Memlock()
+	return b
+}
+
 // BenchSpec is the lookup benchmark's BPF object (bpf/bench.c).
 func BenchSpec() (*ebpf.CollectionSpec, error) { return loadBench() }

@@ -60,9 +60,6 @@ func (l *List) baseContains(addr netip.Addr) bool {
 	return l.v6.Contains(addr)
 }
 
-// Len is the number of IPv4 ranges plus IPv6 prefixes held.
-func (l *List) Len() int { return len(l.V4) + len(l.V6) }
-
 // V4ToUint is an IPv4 address as a host-order integer.
 func V4ToUint(a netip.Addr) uint32 {
 	b := a.As4()
