@@ -6,13 +6,13 @@ GO ?= go
 build:
 	$(GO) build -o rampart ./cmd/rampart
 
-# Rebuilds internal/datapath/*_bpfel.{go,o} from bpf/ with clang.
+# Rebuilds internal/*/*_bpfel.{go,o} from bpf/ with clang.
 generate:
-	cd internal/datapath && $(GO) generate ./...
+	$(GO) generate ./internal/...
 
 # Fails when the committed objects do not match bpf/.
 check-generated: generate
-	git diff --exit-code -- 'internal/datapath/*_bpfel.go' 'internal/datapath/*_bpfel.o' || \
+	git diff --exit-code -- 'internal/*/*_bpfel.go' 'internal/*/*_bpfel.o' || \
 	  (echo "bpf/ and the committed objects disagree: run make generate and commit" >&2; exit 1)
 
 # The whole suite: formatting and vet, generated objects up to date, then every

@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Programs for `rampart lab drop`: the in-kernel flood generator, and the bare
+ * drop programs the socket-bpf, tc-bpf and XDP layers of the study attach.
+ *
+ * The generator runs through BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES:
+ * the kernel hands it frames from a page pool initialised once with a
+ * template, and every frame it redirects is transmitted for real. Pages are
+ * recycled with whatever the last run left in them, so each run rewrites the
+ * source address and port and updates the checksums from the frame's current
+ * contents, never from the template. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+char __license[] SEC("license") = "GPL";
+
+/* Generator configuration, set before load. */
+volatile const __u32 out_ifindex;
+volatile const __u8 gen_family = 4;
+
+/* The flood's sources are src_count addresses spread over a range by an
+ * odd multiplier, a bijection on the range's host bits, so the generator
+ * needs no table and the lab's blocklist lists exactly them: source i is
+ * src_base | ((i * src_mult) & src_mask). IPv4 varies the host bits of the
+ * address; IPv6 varies bits 32-63 (one /64 per source, as IPv6 blocklists
+ * list them) and takes the interface identifier at random. Host byte order. */
+volatile const __u32 src_count = 1;
+volatile const __u32 src_base;
+volatile const __u32 src_mask;
+volatile const __u32 src_mult = 1;
+volatile const __u8 src6_hi[4]; /* IPv6 bits 0-31 */
+
+/* Flood destination, matched by the drop programs: the study's 198.18.0.0/24
+ * and fd00::/64, UDP port 1234, set from Go. */
+volatile const __u8 dst4_prefix[3];
+volatile const __u8 dst6_prefix[8];
+volatile const __u16 flood_port;
+
+/* Frames generated; the generator runs on one CPU, so a plain global. */
+__u64 generated;
+
+/* Packets the drop programs dropped (or, for the socket filter, refused). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lab_drops SEC(".maps");
+
+/* One's-complement checksum update (RFC 1624: HC' = ~(~HC + ~m + m')),
+ * inline: the bpf_csum_diff helper costs more than the rest of the
+ * generator together. Words are summed as loaded; the one's-complement sum
+ * does not depend on byte order. */
+static __always_inline __u64 csum_add_change(__u64 s, __u32 old, __u32 new)
+{
+	return s + (__u32)~old + new;
+}
+
+static __always_inline __u16 csum_fold(__u64 s)
+{
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffffffff) + (s >> 32);
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return ~s;
+}
+
+#define ETH_LEN 14
+#define IP4_LEN 20
+#define IP6_LEN 40
+
+/* Random in [0, n) without a division. */
+static __always_inline __u32 random_below(__u32 n)
+{
+	return ((__u64)bpf_get_prandom_u32() * n) >> 32;
+}
+
+SEC("xdp")
+int lab_gen(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 host = (random_below(src_count) * src_mult) & src_mask;
+	__u32 src = bpf_htonl(src_base | host);
+	/* Source ports 1024-65535, like the study's random ports. */
+	__u16 sport = bpf_htons(1024 + random_below(64512));
+	__u8 *udp;
+	__u32 old_ports, new_ports;
+	__u64 s;
+
+	if (gen_family == 4) {
+		__u8 *ip = data + ETH_LEN;
+		udp = data + ETH_LEN + IP4_LEN;
+		if ((void *)(udp + 8) > data_end)
+			return XDP_ABORTED;
+		__u32 old_addr = *(__u32 *)(ip + 12);
+		__u16 *ip_check = (__u16 *)(ip + 10);
+		*ip_check = csum_fold(csum_add_change((__u16)~*ip_check, old_addr, src));
+		*(__u32 *)(ip + 12) = src;
+		s = csum_add_change((__u16)~*(__u16 *)(udp + 6), old_addr, src);
+	} else {
+		__u8 *ip = data + ETH_LEN;
+		udp = data + ETH_LEN + IP6_LEN;
+		if ((void *)(udp + 8) > data_end)
+			return XDP_ABORTED;
+		__u32 *a = (__u32 *)(ip + 8);
+		__u32 w[4] = {*(__u32 *)src6_hi, src, bpf_get_prandom_u32(), bpf_get_prandom_u32()};
+		s = (__u16)~*(__u16 *)(udp + 6);
+		for (int i = 0; i < 4; i++) {
+			s = csum_add_change(s, a[i], w[i]);
+			a[i] = w[i];
+		}
+	}
+	old_ports = *(__u32 *)udp;
+	new_ports = old_ports;
+	*(__u16 *)&new_ports = sport;
+	__u16 c = csum_fold(csum_add_change(s, old_ports, new_ports));
+	*(__u16 *)(udp + 6) = c ? c : 0xffff;
+	*(__u32 *)udp = new_ports;
+	generated++;
+	return bpf_redirect(out_ifindex, 0);
+}
+
+/* flood_match is the study's XDP filter: IPv4 or IPv6 UDP to the flood's
+ * destination prefix and port. No VLAN, no IPv6 extension headers: the flood
+ * has none, and anything else passes. */
+static __always_inline int flood_match(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return 0;
+	__u8 *ip = data + ETH_LEN;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		if ((void *)(ip + IP4_LEN) > data_end)
+			return 0;
+		__u32 ihl = (ip[0] & 0x0f) * 4;
+		if (ip[9] != IPPROTO_UDP || ihl < IP4_LEN)
+			return 0;
+		if (ip[16] != dst4_prefix[0] || ip[17] != dst4_prefix[1] || ip[18] != dst4_prefix[2])
+			return 0;
+		__u8 *udp = ip + ihl;
+		if ((void *)(udp + 8) > data_end)
+			return 0;
+		return *(__u16 *)(udp + 2) == bpf_htons(flood_port);
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		__u8 *udp = ip + IP6_LEN;
+		if ((void *)(udp + 8) > data_end)
+			return 0;
+		if (ip[6] != IPPROTO_UDP)
+			return 0;
+		for (int i = 0; i < 8; i++)
+			if (ip[24 + i] != dst6_prefix[i])
+				return 0;
+		return *(__u16 *)(udp + 2) == bpf_htons(flood_port);
+	}
+	return 0;
+}
+
+static __always_inline void count_drop(void)
+{
+	__u32 k = 0;
+	__u64 *n = bpf_map_lookup_elem(&lab_drops, &k);
+	if (n)
+		*n += 1;
+}
+
+SEC("xdp")
+int lab_xdp_drop(struct xdp_md *ctx)
+{
+	if (!flood_match((void *)(long)ctx->data, (void *)(long)ctx->data_end))
+		return XDP_PASS;
+	count_drop();
+	return XDP_DROP;
+}
+
+SEC("tc")
+int lab_tc_drop(struct __sk_buff *skb)
+{
+	if (!flood_match((void *)(long)skb->data, (void *)(long)skb->data_end))
+		return TC_ACT_OK;
+	count_drop();
+	return TC_ACT_SHOT;
+}
+
+/* Attached with SO_ATTACH_BPF to the flood's socket: refuses everything. */
+SEC("socket")
+int lab_sock_drop(struct __sk_buff *skb)
+{
+	count_drop();
+	return 0;
+}

@@ -1,0 +1,258 @@
+package lab
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+		"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// batchSize is how many frames the kernel prepares and flushes at once in
+// live-frames mode, as the issue and the kernel's own default have it.
+const batchSize = 64
+
+// runChunk is how many frames one BPF_PROG_RUN call sends: about a tenth
+// of a second at the rates seen, so a stop is noticed promptly.
+const runChunk = 1 << 20
+
+// flood is the traffic of one family. Its sources are count addresses
+// (IPv6: /64s) spread over a range; the generator computes source i as
+// base | ((i * mult) & mask) in the varying 32-bit word, which an odd mult
+// makes a bijection, and the lab's blocklist lists exactly these sources.
+type flood struct {
+	family           int
+	count            uint32
+	base, mask, mult uint32
+	hi               [4]byte // IPv6: the fixed first 32 bits
+}
+
+// newFlood spreads count sources over prefix. IPv4 varies the host bits;
+// IPv6 varies bits 32-63 below the prefix and randomises the rest.
+func newFlood(family int, prefix netip.Prefix, count int) (*flood, error) {
+	if (family == 4) != prefix.Addr().Is4() {
+		return nil, fmt.Errorf("source range %s is not IPv%d", prefix, family)
+	}
+	prefix = prefix.Masked()
+	a := prefix.Addr().As16()
+	f := &flood{family: family, count: uint32(count)}
+	word, fixed := binary.BigEndian.Uint32(a[12:]), prefix.Bits()
+	if family == 6 {
+		if prefix.Bits() > 63 {
+			return nil, fmt.Errorf("source range %s: give a prefix of /63 or shorter, sources are /64s", prefix)
+		}
+		copy(f.hi[:], a[:4])
+		word, fixed = binary.BigEndian.Uint32(a[4:8]), max(prefix.Bits()-32, 0)
+	}
+	varying := 32 - fixed
+	if varying < 32 && uint64(count) > uint64(1)<<varying {
+		return nil, fmt.Errorf("source range %s holds fewer than %d sources: give a wider range", prefix, count)
+	}
+	f.mask = uint32(uint64(1)<<varying - 1)
+	f.base = word &^ f.mask
+	f.mult = (0x9e3779b1 & f.mask) | 1 // odd: a bijection modulo 2^varying
+	return f, nil
+}
+
+// source is the i-th source as the blocklist lists it.
+func (f *flood) source(i uint32) netip.Prefix {
+	w := f.base | (i*f.mult)&f.mask
+	if f.family == 4 {
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], w)
+		return netip.PrefixFrom(netip.AddrFrom4(a), 32)
+	}
+	var a [16]byte
+	copy(a[:], f.hi[:])
+	binary.BigEndian.PutUint32(a[4:], w)
+	return netip.PrefixFrom(netip.AddrFrom16(a), 64)
+}
+
+// writeList writes the sources as a list file, one prefix a line.
+func (f *flood) writeList(dir string) (string, error) {
+	path := filepath.Join(dir, fmt.Sprintf("flood-v%d.txt", f.family))
+	b := make([]byte, 0, int(f.count)*24)
+	for i := range f.count {
+		b = f.source(i).AppendTo(b)
+		b = append(b, '\n')
+	}
+	return path, os.WriteFile(path, b, 0o644)
+}
+
+// frame is the template the generator rewrites: the study's UDP packet with
+// 16 bytes of payload to the flood's destination; source address and port
+// are overwritten per frame, checksums kept valid.
+func (f *flood) frame(srcMAC, dstMAC net.HardwareAddr) []byte {
+	payload := make([]byte, 16)
+	src, dst := genAddr4, rxAddr4
+	if f.family == 6 {
+		src, dst = genAddr6, rxAddr6
+	}
+	udp := make([]byte, 8, 8+len(payload))
+	binary.BigEndian.PutUint16(udp[0:], 40000)
+	binary.BigEndian.PutUint16(udp[2:], floodPort)
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+	udp = append(udp, payload...)
+	pseudo := append(src.AsSlice(), dst.AsSlice()...)
+	if f.family == 4 {
+		pseudo = append(pseudo, 0, unix.IPPROTO_UDP, 0, byte(len(udp)))
+	} else {
+		pseudo = append(pseudo, 0, 0, 0, byte(len(udp)), 0, 0, 0, unix.IPPROTO_UDP)
+	}
+	binary.BigEndian.PutUint16(udp[6:], checksum(append(pseudo, udp...)))
+
+	b := append(append([]byte{}, dstMAC...), srcMAC...)
+	if f.family == 4 {
+		b = binary.BigEndian.AppendUint16(b, unix.ETH_P_IP)
+		ip := make([]byte, 20)
+		ip[0] = 0x45
+		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(udp)))
+		ip[8], ip[9] = 64, unix.IPPROTO_UDP
+		copy(ip[12:], src.AsSlice())
+		copy(ip[16:], dst.AsSlice())
+		binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+		b = append(b, ip...)
+	} else {
+		b = binary.BigEndian.AppendUint16(b, unix.ETH_P_IPV6)
+		ip := make([]byte, 40)
+		ip[0] = 0x60
+		binary.BigEndian.PutUint16(ip[4:], uint16(len(udp)))
+		ip[6], ip[7] = unix.IPPROTO_UDP, 64
+		copy(ip[8:], src.AsSlice())
+		copy(ip[24:], dst.AsSlice())
+		b = append(b, ip...)
+	}
+	return append(b, udp...)
+}
+
+// checksum is the Internet checksum (RFC 1071).
+func checksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s > 0xffff {
+		s = s>>16 + s&0xffff
+	}
+	return ^uint16(s)
+}
+
+// loadObjects loads the lab's programs for one row: the generator aimed at
+// the topology's veth with f's sources, and the drop programs.
+func loadObjects(t *topology, f *flood) (*labObjects, error) {
+	spec, err := loadLab()
+	if err != nil {
+		return nil, err
+	}
+	return loadObjectsSpec(t, f, spec)
+}
+
+func loadObjectsSpec(t *topology, f *flood, spec *ebpf.CollectionSpec) (*labObjects, error) {
+	p4, p6 := rxAddr4.As4(), rxAddr6.As16()
+	for name, v := range map[string]any{
+		labVarOutIfindex: uint32(t.genIndex),
+		labVarGenFamily:  uint8(f.family),
+		labVarSrcCount:   f.count,
+		labVarSrcBase:    f.base,
+		labVarSrcMask:    f.mask,
+		labVarSrcMult:    f.mult,
+		labVarSrc6Hi:     f.hi,
+		labVarDst4Prefix: [3]byte(p4[:3]),
+		labVarDst6Prefix: [8]byte(p6[:8]),
+		labVarFloodPort:  uint16(floodPort),
+	} {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	var objs labObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load lab programs: %+v", ve)
+		}
+		return nil, fmt.Errorf("load lab programs: %w", err)
+	}
+	return &objs, nil
+}
+
+// generator runs lab_gen on one CPU, inside the generator's namespace (so
+// bpf_redirect finds its veth), until stopped.
+type generator struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	err  error
+}
+
+func startGenerator(objs *labObjects, t *topology, frame []byte, cpu int) *generator {
+	g := &generator{stop: make(chan struct{})}
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		// The thread is left locked, and so discarded when this goroutine
+		// ends, because it no longer is in our namespace.
+		if err := pinSelf(cpu); err != nil {
+			g.err = fmt.Errorf("pin the generator to CPU %d: %w", cpu, err)
+			return
+		}
+		ns, err := netns.GetFromName(t.genNs)
+		if err != nil {
+			g.err = err
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			g.err = fmt.Errorf("enter %s: %w", t.genNs, err)
+			return
+		}
+		opts := &ebpf.RunOptions{Data: frame, Repeat: runChunk, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES, BatchSize: batchSize}
+		for {
+			select {
+			case <-g.stop:
+				return
+			default:
+			}
+			if _, err := objs.LabGen.Run(opts); err != nil {
+				g.err = fmt.Errorf("generator: BPF_PROG_RUN in live-frames mode: %w", err)
+				return
+			}
+		}
+	}()
+	return g
+}
+
+// generated is how many frames the generator has sent so far.
+func generated(objs *labObjects) (uint64, error) {
+	var n uint64
+	return n, objs.Generated.Get(&n)
+}
+
+func (g *generator) halt() error {
+	close(g.stop)
+	g.wg.Wait()
+	return g.err
+}
+
+// perCPUSum reads a one-slot per-CPU counter map.
+func perCPUSum(m *ebpf.Map) (uint64, error) {
+	var vals []uint64
+	if err := m.Lookup(uint32(0), &vals); err != nil {
+		return 0, err
+	}
+	var s uint64
+	for _, v := range vals {
+		s += v
+	}
+	return s, nil
+}
+
