@@ -31,7 +31,7 @@ volatile const __u32 src_count = 1;
 volatile const __u32 src_base;
 volatile const __u32 src_mask;
 volatile const __u32 src_mult = 1;
-volatile const __u8 src6_hi[4]; /* IPv6 bits 0-31 */
+volatile const __u32 src6_hi; /* IPv6 bits 0-31, network order */
 
 /* Flood destination, matched by the drop programs: the study's 198.18.0.0/24
  * and fd00::/64, UDP port 1234, set from Go. */
@@ -107,7 +107,7 @@ int lab_gen(struct xdp_md *ctx)
 		if ((void *)(udp + 8) > data_end)
 			return XDP_ABORTED;
 		__u32 *a = (__u32 *)(ip + 8);
-		__u32 w[4] = {*(__u32 *)src6_hi, src, bpf_get_prandom_u32(), bpf_get_prandom_u32()};
+		__u32 w[4] = {src6_hi, src, bpf_get_prandom_u32(), bpf_get_prandom_u32()};
 		s = (__u16)~*(__u16 *)(udp + 6);
 		for (int i = 0; i < 4; i++) {
 			s = csum_add_change(s, a[i], w[i]);

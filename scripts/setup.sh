@@ -5,7 +5,8 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  clang llvm libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make >/dev/null
+  clang llvm libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make \
+  iptables nftables ethtool >/dev/null
 if ! command -v go >/dev/null; then
   apt-get install -y -qq --no-install-recommends golang-go >/dev/null
 fi

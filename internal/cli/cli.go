@@ -61,6 +61,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		listCmd(g),
 		expirerCmd(g),
 		benchCmd(g),
+		labCmd(g),
 	)
 	return root.ExecuteContext(ctx)
 }

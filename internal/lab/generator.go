@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-		"net"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -166,7 +166,7 @@ func loadObjectsSpec(t *topology, f *flood, spec *ebpf.CollectionSpec) (*labObje
 		labVarSrcBase:    f.base,
 		labVarSrcMask:    f.mask,
 		labVarSrcMult:    f.mult,
-		labVarSrc6Hi:     f.hi,
+		labVarSrc6Hi:     binary.NativeEndian.Uint32(f.hi[:]), // the bytes as they lie in the packet
 		labVarDst4Prefix: [3]byte(p4[:3]),
 		labVarDst6Prefix: [8]byte(p6[:8]),
 		labVarFloodPort:  uint16(floodPort),
@@ -255,4 +255,3 @@ func perCPUSum(m *ebpf.Map) (uint64, error) {
 	}
 	return s, nil
 }
-

@@ -32,6 +32,12 @@ var (
 	genAddr6 = netip.MustParseAddr("fd00::1")
 )
 
+// The prefixes the study's drop rules match.
+var (
+	dstNet4 = netip.PrefixFrom(rxAddr4, 24).Masked()
+	dstNet6 = netip.PrefixFrom(rxAddr6, 64).Masked()
+)
+
 const floodPort = 1234
 
 // topology is two namespaces joined by a veth pair: the generator transmits
@@ -204,22 +210,33 @@ func output(args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// sweepStale removes namespaces and rampart hooks left by lab runs whose
-// process is gone (killed with SIGKILL, or the machine's power).
+// sweepStale removes namespaces, rampart pins and state left by lab runs
+// whose process is gone (killed with SIGKILL, or the machine's power).
 func sweepStale() {
-	entries, _ := os.ReadDir("/run/netns")
-	for _, e := range entries {
-		name := e.Name()
+	stale := func(name string) bool {
 		rest, ok := strings.CutPrefix(name, NetnsPrefix)
 		if !ok {
-			continue
+			return false
 		}
 		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-		if err != nil || pid == os.Getpid() || unix.Kill(pid, 0) == nil {
-			continue
+		return err == nil && pid != os.Getpid() && unix.Kill(pid, 0) != nil
+	}
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		if stale(e.Name()) {
+			datapath.Detach(datapath.Hook{Netns: e.Name(), Iface: "lab-rx"})
+			exec.Command("ip", "netns", "del", e.Name()).Run()
 		}
-		datapath.Detach(datapath.Hook{Netns: name, Iface: "lab-rx"})
-		exec.Command("ip", "netns", "del", name).Run()
+	}
+	// Pins and state of a namespace that is already gone: the link went
+	// with the namespace's interface, the files are all that is left.
+	for _, root := range []string{datapath.PinRoot, datapath.StateRoot} {
+		dirs, _ := os.ReadDir(root)
+		for _, d := range dirs {
+			if ns, ok := strings.CutPrefix(d.Name(), "netns-"); ok && stale(ns) {
+				os.RemoveAll(filepath.Join(root, d.Name()))
+			}
+		}
 	}
 }
 

@@ -1,0 +1,168 @@
+package cli_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/lab"
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+// labResult is the part of `lab drop --json` the tests read.
+type labResult struct {
+	Layer          string   `json:"layer"`
+	Family         int      `json:"family"`
+	Status         string   `json:"status"`
+	Reason         string   `json:"reason"`
+	Mode           string   `json:"mode"`
+	MPPS           *float64 `json:"mpps"`
+	MPPSMin        *float64 `json:"mpps_min"`
+	MPPSMax        *float64 `json:"mpps_max"`
+	OfferedMPPS    *float64 `json:"offered_mpps"`
+	CPUBusy        *float64 `json:"cpu_busy"`
+	NsPerPacket    *float64 `json:"ns_per_packet"`
+	GeneratorBound *bool    `json:"generator_bound"`
+	Packets        uint64   `json:"packets"`
+}
+
+// hostState is what the lab must leave as it found it: the host's
+// namespaces, links, firewall rules, and rampart's pins and state.
+func hostState(t *testing.T) map[string]string {
+	t.Helper()
+	s := map[string]string{}
+	cmds := map[string][]string{
+		"netns":    {"ip", "netns", "list"},
+		"links":    {"ip", "-o", "link", "show"},
+		"nft":      {"nft", "list", "ruleset"},
+		"iptables": {"iptables-save"}, "ip6tables": {"ip6tables-save"},
+		"iptables-legacy": {"iptables-legacy-save"}, "ip6tables-legacy": {"ip6tables-legacy-save"},
+	}
+	for name, c := range cmds {
+		if _, err := exec.LookPath(c[0]); err != nil {
+			continue
+		}
+		out := testutil.Run(t, c[0], c[1:]...)
+		var keep []string
+		for _, l := range strings.Split(out, "\n") {
+			if !strings.HasPrefix(l, "#") { // *-save stamps the time in comments
+				keep = append(keep, l)
+			}
+		}
+		s[name] = strings.Join(keep, "\n")
+	}
+	for _, root := range []string{datapath.PinRoot, datapath.StateRoot} {
+		var names []string
+		filepath.WalkDir(root, func(p string, _ os.DirEntry, _ error) error {
+			names = append(names, p)
+			return nil
+		})
+		s[root] = strings.Join(names, "\n")
+	}
+	return s
+}
+
+func assertUnchanged(t *testing.T, before map[string]string) {
+	t.Helper()
+	after := hostState(t)
+	for k, v := range before {
+		if after[k] != v {
+			t.Errorf("%s changed:\nbefore:\n%s\nafter:\n%s", k, v, after[k])
+		}
+	}
+	if strings.Contains(after["netns"], lab.NetnsPrefix) {
+		t.Errorf("lab namespaces remain: %s", after["netns"])
+	}
+}
+
+// TestLabDrop runs a short --quick study on three layers and checks the
+// JSON, that every layer's counter moved, that XDP dropped more than
+// iptables raw, the files, and that nothing was left behind.
+func TestLabDrop(t *testing.T) {
+	testutil.Privileged(t)
+	before := hostState(t)
+	out := t.TempDir()
+	var rep struct {
+		Environment map[string]any   `json:"environment"`
+		Results     []labResult      `json:"results"`
+		Checks      []map[string]any `json:"checks"`
+	}
+	jsonOf(t, &rep, "lab", "drop", "--quick", "--warmup", "300ms", "--window", "400ms",
+		"--layers", "iptables-raw,xdp-native,rampart", "--family", "4", "--sources", "100000", "--out", out)
+	if len(rep.Results) != 3 {
+		t.Fatalf("want 3 results, got %+v", rep.Results)
+	}
+	by := map[string]labResult{}
+	for _, r := range rep.Results {
+		if r.MPPS == nil || r.MPPSMin == nil || r.MPPSMax == nil || r.OfferedMPPS == nil || r.CPUBusy == nil ||
+			r.NsPerPacket == nil || r.GeneratorBound == nil || r.Family != 4 {
+			t.Fatalf("result lacks a field: %+v", r)
+		}
+		if r.Status != "ok" || r.Packets == 0 || *r.MPPS <= 0 || *r.OfferedMPPS <= 0 || *r.NsPerPacket <= 0 {
+			t.Errorf("%s: counters did not move: %+v (%s)", r.Layer, r, r.Reason)
+		}
+		if *r.MPPSMin > *r.MPPS || *r.MPPS > *r.MPPSMax {
+			t.Errorf("%s: median %v outside %v-%v", r.Layer, *r.MPPS, *r.MPPSMin, *r.MPPSMax)
+		}
+		by[r.Layer] = r
+	}
+	if x, raw := by["xdp-native"], by["iptables-raw"]; x.MPPS == nil || raw.MPPS == nil || *x.MPPS <= *raw.MPPS {
+		t.Errorf("XDP dropped no more than iptables raw: %+v vs %+v", x, raw)
+	}
+	if m := by["xdp-native"].Mode; m != "xdp-native" {
+		t.Errorf("xdp-native ran in mode %q", m)
+	}
+	if m := by["rampart"].Mode; !strings.HasPrefix(m, "xdp") {
+		t.Errorf("rampart's auto mode on veth chose %q, want XDP", m)
+	}
+	if len(rep.Checks) == 0 || rep.Environment["kernel"] == "" {
+		t.Errorf("no checks or environment: %+v %+v", rep.Checks, rep.Environment)
+	}
+	for _, f := range []string{"drop.json", "drop.csv", "drop.png", "drop.svg"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	assertUnchanged(t, before)
+}
+
+// TestLabDropInterrupted: Ctrl-C while the rampart layer is applied still
+// removes its pins, the namespaces and everything else, and exits non-zero.
+func TestLabDropInterrupted(t *testing.T) {
+	testutil.Privileged(t)
+	before := hostState(t)
+	cmd := exec.Command(os.Args[0], "lab", "drop", "--layers", "rampart", "--family", "4", "--sources", "100000",
+		"--warmup", "1m", "--out", t.TempDir())
+	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pins := filepath.Join(datapath.PinRoot, "netns-"+lab.NetnsPrefix)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m, _ := filepath.Glob(pins + "*"); len(m) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("the rampart layer was never applied: %s", stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err := cmd.Wait()
+	if err == nil {
+		t.Error("an interrupted run exited 0")
+	}
+	if !strings.Contains(stderr.String(), "interrupted") {
+		t.Errorf("stderr does not say it was interrupted: %s", stderr.String())
+	}
+	assertUnchanged(t, before)
+}

@@ -1,0 +1,234 @@
+package lab
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// Row statuses.
+const (
+	StatusOK      = "ok"
+	StatusSkipped = "skipped"
+	StatusFailed  = "failed"
+)
+
+// Result is one row: a layer and a family.
+type Result struct {
+	Layer          string  `json:"layer"`
+	Family         int     `json:"family"`
+	Status         string  `json:"status"`
+	Reason         string  `json:"reason,omitempty"`
+	Mode           string  `json:"mode,omitempty"` // where the drop happened, e.g. the XDP mode the kernel reports
+	MPPS           float64 `json:"mpps"`           // median of the windows, million packets dropped per second
+	MPPSMin        float64 `json:"mpps_min"`
+	MPPSMax        float64 `json:"mpps_max"`
+	OfferedMPPS    float64 `json:"offered_mpps"`  // what the generator sent
+	IfaceRxMPPS    float64 `json:"iface_rx_mpps"` // what the receiving veth counted in
+	CPUBusy        float64 `json:"cpu_busy"`      // receiving CPU, percent
+	NsPerPacket    float64 `json:"ns_per_packet"` // receiving CPU time per dropped packet
+	GeneratorBound bool    `json:"generator_bound"`
+	Packets        uint64  `json:"packets"` // the layer's counter over all windows
+	StudyMPPS      float64 `json:"study_mpps,omitempty"`
+}
+
+// Env is what the numbers depend on.
+type Env struct {
+	Kernel       string `json:"kernel"`
+	JIT          bool   `json:"bpf_jit"`
+	CPUModel     string `json:"cpu_model"`
+	CPUs         int    `json:"cpus"`
+	GeneratorCPU int    `json:"generator_cpu"`
+	ReceiveCPU   int    `json:"receive_cpu"`
+	AppCPU       int    `json:"app_cpu"`
+	BatchSize    int    `json:"generator_batch"`
+	Warmup       string `json:"warmup"`
+	Window       string `json:"window"`
+	Repeats      int    `json:"repeats"`
+	Sources      int    `json:"sources"`
+	Src4         string `json:"sources_v4"`
+	Src6         string `json:"sources_v6"`
+	Iptables     string `json:"iptables"`
+}
+
+// Check is one of the issue's targets, computed from rows of the same run.
+type Check struct {
+	Name   string  `json:"name"`
+	Family int     `json:"family"`
+	Value  float64 `json:"value"`
+	Target string  `json:"target"`
+	Met    bool    `json:"met"`
+}
+
+// Report is the whole run.
+type Report struct {
+	Env      Env      `json:"environment"`
+	Results  []Result `json:"results"`
+	Checks   []Check  `json:"checks"`
+	Ordering []string `json:"ordering"` // where the order differs from the study's, and why
+}
+
+func (r *Report) find(layer string, family int) *Result {
+	for i := range r.Results {
+		if x := &r.Results[i]; x.Layer == layer && x.Family == family && x.Status == StatusOK && x.MPPS > 0 {
+			return x
+		}
+	}
+	return nil
+}
+
+// finish computes the targets and the comparison with the study's order.
+func (r *Report) finish() {
+	r.Checks, r.Ordering = []Check{}, []string{}
+	for _, fam := range []int{4, 6} {
+		native, rp, raw := r.find("xdp-native", fam), r.find("rampart", fam), r.find("iptables-raw", fam)
+		if native != nil && rp != nil {
+			v := rp.MPPS / native.MPPS
+			r.Checks = append(r.Checks, Check{"rampart drop rate / xdp-native", fam, v, ">= 0.95", v >= 0.95})
+			if native.NsPerPacket > 0 {
+				v = rp.NsPerPacket / native.NsPerPacket
+				r.Checks = append(r.Checks, Check{"rampart ns/packet / xdp-native", fam, v, "<= 1.2", v <= 1.2})
+			}
+		}
+		if native != nil && raw != nil {
+			v := native.MPPS / raw.MPPS
+			r.Checks = append(r.Checks, Check{"xdp-native / iptables-raw", fam, v, ">= 4", v >= 4})
+		}
+		r.Ordering = append(r.Ordering, r.orderNotes(fam)...)
+	}
+}
+
+// orderNotes compares, pair by pair, the layers the study measured with
+// the study's own order, and says for each inversion what the run shows
+// about it.
+func (r *Report) orderNotes(fam int) []string {
+	var rows []*Result
+	for _, l := range Layers {
+		if x := r.find(l.name, fam); x != nil && l.study > 0 {
+			rows = append(rows, x)
+		}
+	}
+	study := func(x *Result) float64 {
+		for _, l := range Layers {
+			if l.name == x.Layer {
+				return l.study
+			}
+		}
+		return 0
+	}
+	var notes []string
+	for i := range rows {
+		for j := i + 1; j < len(rows); j++ {
+			a, b := rows[i], rows[j]
+			sa, sb := study(a), study(b)
+			if (sa < sb) == (a.MPPS < b.MPPS) {
+				continue
+			}
+			why := "the ranges do not overlap: a real difference on this machine"
+			switch {
+			case a.GeneratorBound && b.GeneratorBound:
+				why = "both dropped all the generator offered, so the run does not order them"
+			case a.MPPSMin <= b.MPPSMax && b.MPPSMin <= a.MPPSMax:
+				why = "their min-max ranges overlap: the order is within this run's noise"
+			}
+			notes = append(notes, fmt.Sprintf("IPv%d: %s %.3f Mpps vs %s %.3f Mpps, the study had %.3f vs %.3f; %s",
+				fam, a.Layer, a.MPPS, b.Layer, b.MPPS, sa, sb, why))
+		}
+	}
+	return notes
+}
+
+// WriteTable prints the report for people.
+func (r *Report) WriteTable(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "LAYER\tFAMILY\tMPPS\tMIN-MAX\tOFFERED\tCPU%\tNS/PKT\tSTUDY\tNOTE")
+	for _, x := range r.Results {
+		if x.Status != StatusOK {
+			fmt.Fprintf(tw, "%s\tIPv%d\t-\t-\t-\t-\t-\t%s\t%s: %s\n", x.Layer, x.Family, studyCell(x), x.Status, x.Reason)
+			continue
+		}
+		var note []string
+		if x.GeneratorBound {
+			note = append(note, "generator-bound")
+		}
+		if x.Mode != "" {
+			note = append(note, x.Mode)
+		}
+		fmt.Fprintf(tw, "%s\tIPv%d\t%.3f\t%.3f-%.3f\t%.2f\t%.0f\t%.0f\t%s\t%s\n", x.Layer, x.Family, x.MPPS, x.MPPSMin, x.MPPSMax,
+			x.OfferedMPPS, x.CPUBusy, x.NsPerPacket, studyCell(x), strings.Join(note, ", "))
+	}
+	tw.Flush()
+	e := r.Env
+	fmt.Fprintf(w, "\nkernel %s, BPF JIT %s, %s (%d CPUs); generator on CPU %d (batch %d), receive on CPU %d, application on CPU %d\n",
+		e.Kernel, onOff(e.JIT), e.CPUModel, e.CPUs, e.GeneratorCPU, e.BatchSize, e.ReceiveCPU, e.AppCPU)
+	fmt.Fprintf(w, "%d windows of %s after %s of warm-up; flood from %d sources in %s and %s; %s\n",
+		e.Repeats, e.Window, e.Warmup, e.Sources, e.Src4, e.Src6, e.Iptables)
+	fmt.Fprintln(w, "MPPS is what the layer's own counter dropped; NS/PKT is receiving-CPU time per dropped packet; STUDY is the 2018 study's IPv4 Mpps on a 10G NIC.")
+	if len(r.Checks) > 0 {
+		fmt.Fprintln(w, "\ntargets:")
+		for _, c := range r.Checks {
+			fmt.Fprintf(w, "  IPv%d %s = %.2f (target %s): %s\n", c.Family, c.Name, c.Value, c.Target, metWord(c.Met))
+		}
+	}
+	if len(r.Ordering) > 0 {
+		fmt.Fprintln(w, "\norder differs from the study:")
+		for _, n := range r.Ordering {
+			fmt.Fprintln(w, "  "+n)
+		}
+	}
+}
+
+func studyCell(x Result) string {
+	if x.StudyMPPS == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(x.StudyMPPS, 'f', 3, 64)
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func metWord(b bool) string {
+	if b {
+		return "met"
+	}
+	return "missed"
+}
+
+// csvHeader is the CSV's first line, one column per Result field.
+var csvHeader = []string{"layer", "family", "status", "reason", "mode", "mpps", "mpps_min", "mpps_max", "offered_mpps",
+	"iface_rx_mpps", "cpu_busy", "ns_per_packet", "generator_bound", "packets", "study_mpps"}
+
+// WriteCSV writes one line per row.
+func (r *Report) WriteCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	cw.Write(csvHeader)
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+	for _, x := range r.Results {
+		cw.Write([]string{x.Layer, strconv.Itoa(x.Family), x.Status, x.Reason, x.Mode, f(x.MPPS), f(x.MPPSMin), f(x.MPPSMax),
+			f(x.OfferedMPPS), f(x.IfaceRxMPPS), f(x.CPUBusy), f(x.NsPerPacket), strconv.FormatBool(x.GeneratorBound),
+			strconv.FormatUint(x.Packets, 10), f(x.StudyMPPS)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+// families lists the families that have rows, in order.
+func (r *Report) families() []int {
+	var f []int
+	for _, x := range r.Results {
+		if !slices.Contains(f, x.Family) {
+			f = append(f, x.Family)
+		}
+	}
+	slices.Sort(f)
+	return f
+}
