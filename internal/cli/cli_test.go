@@ -14,7 +14,7 @@ import (
 )
 
 func TestHelp(t *testing.T) {
-	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check", "list", "list add", "list del", "list show", "bench lookup"} {
+	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check", "list", "list add", "list del", "list show", "bench lookup", "lab drop"} {
 		out := mustRampart(t, append(strings.Fields(cmd), "--help")...)
 		if !strings.Contains(out, "--json") || !strings.Contains(out, "Usage:") {
 			t.Errorf("%s --help lacks usage or --json:\n%s", cmd, out)
@@ -70,6 +70,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"apply", "-f", "x.yaml", "--iface", "lo", "--mode", "xdp-native", "--egress"}, "XDP sees only incoming"},
 		{[]string{"detach"}, "--iface is required"},
 		{[]string{"apply", "-f", "/nonexistent.yaml", "--iface", "lo"}, "no such file"},
+		{[]string{"lab", "drop", "--family", "5"}, `--family "5"`},
+		{[]string{"lab", "drop", "--layers", "xdp,iptables-raw"}, `unknown layer "xdp": choose from app,`},
+		{[]string{"lab", "drop", "--src6", "fd00::/80"}, "sources are /64s"},
+		{[]string{"lab", "drop", "--src4", "192.0.2.0/24"}, "fewer than 1000000 sources"},
 	} {
 		_, err := rampart(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -73,6 +73,11 @@ func (o *Options) Validate() error {
 	if o.Sources < 1 {
 		return errors.New("--sources must be at least 1")
 	}
+	for _, fam := range o.Families {
+		if _, err := o.flood(fam); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -118,11 +123,7 @@ func Drop(ctx context.Context, o Options) (*Report, error) {
 	floods := map[int]*flood{}
 	lists := map[int]string{}
 	for _, fam := range o.Families {
-		src := o.Src4
-		if fam == 6 {
-			src = o.Src6
-		}
-		f, err := newFlood(fam, src, o.Sources)
+		f, err := o.flood(fam)
 		if err != nil {
 			return nil, err
 		}
@@ -211,6 +212,19 @@ func (e skipError) Error() string { return e.reason }
 
 // cpuPlan says where the generator, the receive path and the application run.
 type cpuPlan struct{ gen, rx, app int }
+
+// flood is the family's flood as the options describe it.
+func (o *Options) flood(family int) (*flood, error) {
+	src := o.Src4
+	if family == 6 {
+		src = o.Src6
+	}
+	f, err := newFlood(family, src, o.Sources)
+	if err != nil {
+		return nil, fmt.Errorf("--src%d: %w", family, err)
+	}
+	return f, nil
+}
 
 func (o *Options) progress(msg string) {
 	if o.Progress != nil {
