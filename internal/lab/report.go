@@ -97,6 +97,12 @@ func (r *Report) finish() {
 		if native != nil && raw != nil {
 			v := native.MPPS / raw.MPPS
 			r.Checks = append(r.Checks, Check{"xdp-native / iptables-raw", fam, v, ">= 4", v >= 4})
+			// A generator-bound xdp-native row's rate is a floor; what each
+			// packet costs the receiving CPU still compares capacities.
+			if native.GeneratorBound && native.NsPerPacket > 0 {
+				v = raw.NsPerPacket / native.NsPerPacket
+				r.Checks = append(r.Checks, Check{"xdp-native / iptables-raw capacity (ns/packet ratio)", fam, v, ">= 4", v >= 4})
+			}
 		}
 		r.Ordering = append(r.Ordering, r.orderNotes(fam)...)
 	}
