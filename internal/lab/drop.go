@@ -446,3 +446,13 @@ func environment(o Options, gen, rx, app int) Env {
 	e.CPUModel = cpuModel()
 	return e
 }
+
+// sleepCtx waits d or until done is closed; it reports whether d passed.
+func sleepCtx(done <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-done:
+		return false
+	case <-time.After(d):
+		return true
+	}
+}

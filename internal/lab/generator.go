@@ -154,10 +154,6 @@ func loadObjects(t *topology, f *flood) (*labObjects, error) {
 	if err != nil {
 		return nil, err
 	}
-	return loadObjectsSpec(t, f, spec)
-}
-
-func loadObjectsSpec(t *topology, f *flood, spec *ebpf.CollectionSpec) (*labObjects, error) {
 	p4, p6 := rxAddr4.As4(), rxAddr6.As16()
 	for name, v := range map[string]any{
 		labVarOutIfindex: uint32(t.genIndex),

@@ -199,8 +199,9 @@ func (a *reader) start(cpu int) {
 	go func() {
 		defer a.wg.Done()
 		// Left locked: the thread dies with the goroutine instead of going
-		// back to the pool pinned to one CPU.
-		pinSelf(cpu)
+		// back to the pool pinned to one CPU. Unpinned (an error), the
+		// application still reads, wherever the scheduler puts it.
+		_ = pinSelf(cpu)
 		msgs := make([]ipv4.Message, batchSize)
 		for i := range msgs {
 			msgs[i].Buffers = [][]byte{make([]byte, 2048)}

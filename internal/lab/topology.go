@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -237,15 +236,5 @@ func sweepStale() {
 				os.RemoveAll(filepath.Join(root, d.Name()))
 			}
 		}
-	}
-}
-
-// sleepCtx waits d or until done is closed; it reports whether d passed.
-func sleepCtx(done <-chan struct{}, d time.Duration) bool {
-	select {
-	case <-done:
-		return false
-	case <-time.After(d):
-		return true
 	}
 }
