@@ -15,6 +15,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -263,18 +264,13 @@ func rampart(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
 	return coll
 }
 
+// sumHits is the hit count of a rampart or kernel-LPM run; a baseline run
+// has no map and no hits.
 func sumHits(m *ebpf.Map) uint64 {
 	if m == nil {
 		return 0
 	}
-	var per []uint64
-	if err := m.Lookup(uint32(0), &per); err != nil {
-		return 0
-	}
-	var n uint64
-	for _, v := range per {
-		n += v
-	}
+	n, _ := datapath.SumPerCPU(m)
 	return n
 }
 
@@ -308,26 +304,12 @@ func generate(fam int, mix string, size int) []netip.Prefix {
 	return out
 }
 
-// udpFrame is a minimal Ethernet + IP + UDP frame of the family.
+// udpFrame is a minimal Ethernet + IP + UDP frame of the family, at least
+// the 60-byte minimum frame.
 func udpFrame(fam int) []byte {
-	f := make([]byte, 14)
-	if fam == 4 {
-		binary.BigEndian.PutUint16(f[12:], 0x0800)
-		ip := []byte{0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0, 192, 0, 2, 1, 192, 0, 2, 2}
-		f = append(f, ip...)
-	} else {
-		binary.BigEndian.PutUint16(f[12:], 0x86dd)
-		ip := make([]byte, 40)
-		ip[0], ip[5], ip[6], ip[7] = 0x60, 8, 17, 64
-		copy(ip[8:], v6Base[:])
-		copy(ip[24:], v6Base[:])
-		f = append(f, ip...)
+	f := packet.Frame{Src: netip.MustParseAddr("192.0.2.1"), Dst: netip.MustParseAddr("192.0.2.2"), Proto: 17, Sport: 12345, Dport: 53, Payload: 18}
+	if fam == 6 {
+		f.Src, f.Dst, f.Payload = netip.AddrFrom16(v6Base), netip.AddrFrom16(v6Base), 0
 	}
-	udp := []byte{0x30, 0x39, 0, 53, 0, 8, 0, 0}
-	f = append(f, udp...)
-	// Padding to the 60-byte minimum frame.
-	for len(f) < 60 {
-		f = append(f, 0)
-	}
-	return f
+	return f.Bytes()
 }

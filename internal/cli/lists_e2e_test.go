@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -71,7 +72,7 @@ func TestSwapHammer(t *testing.T) {
 
 	var frames [][]byte
 	for _, a := range probes {
-		frames = append(frames, testutil.Frame{Src: a, Dst: netip.MustParseAddr("10.255.0.1"), Proto: 17, Sport: 1, Dport: 2}.Bytes())
+		frames = append(frames, packet.Frame{Src: a, Dst: netip.MustParseAddr("10.255.0.1"), Proto: 17, Sport: 1, Dport: 2}.Bytes())
 	}
 	var stop atomic.Bool
 	var wg sync.WaitGroup

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -175,7 +176,7 @@ func randomFrame(rng *rand.Rand) []byte {
 		return b
 	}
 	v6 := rng.IntN(2) == 0
-	f := testutil.Frame{
+	f := packet.Frame{
 		Src: randomAddr(rng, v6), Dst: randomAddr(rng, v6),
 		Proto:    []uint8{6, 17, 1, 58, 47, 6, 17}[rng.IntN(7)],
 		Sport:    uint16(rng.IntN(72)),
@@ -204,7 +205,7 @@ func randomFrame(rng *rand.Rand) []byte {
 			if typ == 51 {
 				n = 4 * (3 + rng.IntN(4))
 			}
-			f.Ext = append(f.Ext, testutil.ExtHdr{Type: typ, Len: n})
+			f.Ext = append(f.Ext, packet.ExtHdr{Type: typ, Len: n})
 		}
 	}
 	b := f.Bytes()

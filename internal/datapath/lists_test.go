@@ -11,6 +11,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -113,7 +114,7 @@ func (b *bigLists) frame(rng *rand.Rand) []byte {
 	if src.Is4() != dst.Is4() {
 		return nil
 	}
-	return testutil.Frame{Src: src, Dst: dst, Proto: 17, Sport: 1, Dport: 2}.Bytes()
+	return packet.Frame{Src: src, Dst: dst, Proto: 17, Sport: 1, Dport: 2}.Bytes()
 }
 
 // check runs frames through prog and policy.Eval; every action must agree.

@@ -292,6 +292,19 @@ func ReadCounters(m *ebpf.Map) ([]Counter, error) {
 	return out, nil
 }
 
+// SumPerCPU adds up slot 0 of a per-CPU array of u64 counters.
+func SumPerCPU(m *ebpf.Map) (uint64, error) {
+	var percpu []uint64
+	if err := m.Lookup(uint32(0), &percpu); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, v := range percpu {
+		n += v
+	}
+	return n, nil
+}
+
 func (k Kind) String() string {
 	if k == KindTC {
 		return "tc"

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/testutil"
+	"github.com/rampart-fw/rampart/internal/packet"
 )
 
 const tablePolicy = `
@@ -45,13 +45,13 @@ type tcase struct {
 
 func tableCases() []tcase {
 	pass, drop := uint8(datapath.ActionPass), uint8(datapath.ActionDrop)
-	v4 := func(src, dst string) testutil.Frame {
-		return testutil.Frame{Src: ip(src), Dst: ip(dst), Proto: 17, Sport: 1000, Dport: 2000}
+	v4 := func(src, dst string) packet.Frame {
+		return packet.Frame{Src: ip(src), Dst: ip(dst), Proto: 17, Sport: 1000, Dport: 2000}
 	}
-	v6 := func(src, dst string) testutil.Frame {
-		return testutil.Frame{Src: ip(src), Dst: ip(dst), Proto: 17, Sport: 1000, Dport: 2000}
+	v6 := func(src, dst string) packet.Frame {
+		return packet.Frame{Src: ip(src), Dst: ip(dst), Proto: 17, Sport: 1000, Dport: 2000}
 	}
-	with := func(f testutil.Frame, mod func(*testutil.Frame)) []byte { mod(&f); return f.Bytes() }
+	with := func(f packet.Frame, mod func(*packet.Frame)) []byte { mod(&f); return f.Bytes() }
 	cases := []tcase{
 		{"v4 default", v4("10.0.0.1", "10.0.0.2").Bytes(), pass, datapath.SlotDefault},
 		{"v4 src list", v4("198.51.100.1", "10.0.0.2").Bytes(), drop, slotDropBad},
@@ -61,48 +61,48 @@ func tableCases() []tcase {
 		{"v4 dst prefix", v4("10.0.0.1", "192.0.2.99").Bytes(), drop, slotDropDst},
 		{"v6 src list", v6("2001:db8:bad::1", "2001:db8::2").Bytes(), drop, slotDropBad},
 		{"v6 outside list", v6("2001:db8:bae::1", "2001:db8::2").Bytes(), pass, datapath.SlotDefault},
-		{"dns big", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Sport = 53; f.Payload = 600 }), drop, slotDNSAmp},
-		{"dns small", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Sport = 53; f.Payload = 100 }), pass, datapath.SlotDefault},
-		{"dns big v6", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Sport = 53; f.Payload = 600 }), drop, slotDNSAmp},
-		{"tcp syn low port", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Proto = 6; f.Dport = 22; f.TCPFlags = 0x02 }), drop, slotSynClosed},
-		{"tcp synack low port", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Proto = 6; f.Dport = 22; f.TCPFlags = 0x12 }), pass, datapath.SlotDefault},
-		{"tcp syn high port", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Proto = 6; f.Dport = 8080; f.TCPFlags = 0x02 }), pass, datapath.SlotDefault},
-		{"tcp syn v6", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Proto = 6; f.Dport = 1023; f.TCPFlags = 0x02 }), drop, slotSynClosed},
-		{"udp with tcp flags rule", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Dport = 22 }), pass, datapath.SlotDefault},
-		{"icmpv6", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Proto = 58 }), drop, slotV6ICMP},
-		{"icmp v4 not icmpv6", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Proto = 1 }), pass, datapath.SlotDefault},
-		{"udp port range lo", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Dport = 40000 }), drop, slotUDPHigh},
-		{"udp port range hi", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Dport = 40010 }), drop, slotUDPHigh},
-		{"udp port range above", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.Dport = 40011 }), pass, datapath.SlotDefault},
-		{"numeric proto", with(v4("10.9.1.1", "10.0.0.2"), func(f *testutil.Frame) {}), drop, slotFragAny},
-		{"vlan", with(v4("198.51.100.1", "10.0.0.2"), func(f *testutil.Frame) { f.VLANs = []uint16{100} }), drop, slotDropBad},
-		{"qinq", with(v4("198.51.100.1", "10.0.0.2"), func(f *testutil.Frame) { f.VLANs = []uint16{100, 200} }), drop, slotDropBad},
-		{"qinq v6", with(v6("2001:db8:bad::1", "2001:db8::2"), func(f *testutil.Frame) { f.VLANs = []uint16{100, 200} }), drop, slotDropBad},
-		{"three tags", with(v4("198.51.100.1", "10.0.0.2"), func(f *testutil.Frame) { f.VLANs = []uint16{1, 2, 3} }), pass, datapath.SlotMalformed},
-		{"arp", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.EtherType = 0x0806 }), pass, datapath.SlotNonIP},
-		{"arp in vlan", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.EtherType = 0x0806; f.VLANs = []uint16{5} }), pass, datapath.SlotNonIP},
-		{"ipv4 options", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.IPOptions = make([]byte, 40); f.Dport = 40005 }), drop, slotUDPHigh},
-		{"v4 first fragment has ports", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.MoreFrags = true; f.Dport = 40005 }), drop, slotUDPHigh},
-		{"v4 non-first fragment no ports", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.FragOff = 100; f.Dport = 40005 }), pass, datapath.SlotDefault},
-		{"v4 non-first fragment L3 match", with(v4("198.51.100.1", "10.0.0.2"), func(f *testutil.Frame) { f.FragOff = 100 }), drop, slotDropBad},
-		{"v4 non-first fragment proto match", with(v4("10.9.0.1", "10.0.0.2"), func(f *testutil.Frame) { f.FragOff = 100 }), drop, slotFragAny},
-		{"v6 first fragment has ports", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Fragment = true; f.MoreFrags = true; f.Dport = 40005 }), drop, slotUDPHigh},
-		{"v6 non-first fragment no ports", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.FragOff = 10; f.Dport = 40005 }), pass, datapath.SlotDefault},
-		{"v6 non-first fragment L3 match", with(v6("2001:db8:bad::1", "2001:db8::2"), func(f *testutil.Frame) { f.FragOff = 10 }), drop, slotDropBad},
-		{"v6 hop-by-hop", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8)}; f.Dport = 40001 }), drop, slotUDPHigh},
-		{"v6 ext chain", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) {
-			f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(60, 16), testutil.Ext(43, 24), testutil.Ext(51, 12), testutil.Ext(60, 8)}
+		{"dns big", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Sport = 53; f.Payload = 600 }), drop, slotDNSAmp},
+		{"dns small", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Sport = 53; f.Payload = 100 }), pass, datapath.SlotDefault},
+		{"dns big v6", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Sport = 53; f.Payload = 600 }), drop, slotDNSAmp},
+		{"tcp syn low port", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Proto = 6; f.Dport = 22; f.TCPFlags = 0x02 }), drop, slotSynClosed},
+		{"tcp synack low port", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Proto = 6; f.Dport = 22; f.TCPFlags = 0x12 }), pass, datapath.SlotDefault},
+		{"tcp syn high port", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Proto = 6; f.Dport = 8080; f.TCPFlags = 0x02 }), pass, datapath.SlotDefault},
+		{"tcp syn v6", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Proto = 6; f.Dport = 1023; f.TCPFlags = 0x02 }), drop, slotSynClosed},
+		{"udp with tcp flags rule", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Dport = 22 }), pass, datapath.SlotDefault},
+		{"icmpv6", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Proto = 58 }), drop, slotV6ICMP},
+		{"icmp v4 not icmpv6", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Proto = 1 }), pass, datapath.SlotDefault},
+		{"udp port range lo", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Dport = 40000 }), drop, slotUDPHigh},
+		{"udp port range hi", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Dport = 40010 }), drop, slotUDPHigh},
+		{"udp port range above", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.Dport = 40011 }), pass, datapath.SlotDefault},
+		{"numeric proto", with(v4("10.9.1.1", "10.0.0.2"), func(f *packet.Frame) {}), drop, slotFragAny},
+		{"vlan", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{100} }), drop, slotDropBad},
+		{"qinq", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{100, 200} }), drop, slotDropBad},
+		{"qinq v6", with(v6("2001:db8:bad::1", "2001:db8::2"), func(f *packet.Frame) { f.VLANs = []uint16{100, 200} }), drop, slotDropBad},
+		{"three tags", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{1, 2, 3} }), pass, datapath.SlotMalformed},
+		{"arp", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.EtherType = 0x0806 }), pass, datapath.SlotNonIP},
+		{"arp in vlan", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.EtherType = 0x0806; f.VLANs = []uint16{5} }), pass, datapath.SlotNonIP},
+		{"ipv4 options", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.IPOptions = make([]byte, 40); f.Dport = 40005 }), drop, slotUDPHigh},
+		{"v4 first fragment has ports", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.MoreFrags = true; f.Dport = 40005 }), drop, slotUDPHigh},
+		{"v4 non-first fragment no ports", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.FragOff = 100; f.Dport = 40005 }), pass, datapath.SlotDefault},
+		{"v4 non-first fragment L3 match", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.FragOff = 100 }), drop, slotDropBad},
+		{"v4 non-first fragment proto match", with(v4("10.9.0.1", "10.0.0.2"), func(f *packet.Frame) { f.FragOff = 100 }), drop, slotFragAny},
+		{"v6 first fragment has ports", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Fragment = true; f.MoreFrags = true; f.Dport = 40005 }), drop, slotUDPHigh},
+		{"v6 non-first fragment no ports", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.FragOff = 10; f.Dport = 40005 }), pass, datapath.SlotDefault},
+		{"v6 non-first fragment L3 match", with(v6("2001:db8:bad::1", "2001:db8::2"), func(f *packet.Frame) { f.FragOff = 10 }), drop, slotDropBad},
+		{"v6 hop-by-hop", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Ext = []packet.ExtHdr{packet.Ext(0, 8)}; f.Dport = 40001 }), drop, slotUDPHigh},
+		{"v6 ext chain", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) {
+			f.Ext = []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(60, 16), packet.Ext(43, 24), packet.Ext(51, 12), packet.Ext(60, 8)}
 			f.Proto, f.Dport, f.TCPFlags = 6, 80, 0x02
 		}), drop, slotSynClosed},
-		{"v6 chain of 8 then l4", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) {
-			f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8)}
+		{"v6 chain of 8 then l4", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) {
+			f.Ext = []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8)}
 			f.Fragment, f.Dport = true, 40001
 		}), drop, slotUDPHigh},
-		{"v6 chain of 9 is malformed", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) {
-			f.Ext = []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8), testutil.Ext(60, 8)}
+		{"v6 chain of 9 is malformed", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) {
+			f.Ext = []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8)}
 		}), pass, datapath.SlotMalformed},
-		{"v6 headers past 512 bytes", with(v6("2001:db8::1", "2001:db8::2"), func(f *testutil.Frame) { f.Ext = []testutil.ExtHdr{testutil.Ext(60, 2048)} }), pass, datapath.SlotMalformed},
-		{"bad ip version", with(v4("10.0.0.1", "10.0.0.2"), func(f *testutil.Frame) {}), pass, datapath.SlotMalformed},
+		{"v6 headers past 512 bytes", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Ext = []packet.ExtHdr{packet.Ext(60, 2048)} }), pass, datapath.SlotMalformed},
+		{"bad ip version", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) {}), pass, datapath.SlotMalformed},
 		{"ihl below 5", nil, pass, datapath.SlotMalformed},
 	}
 	// An IPv4 header with version 6 in an IPv4 ethertype.
@@ -116,10 +116,10 @@ func tableCases() []tcase {
 // truncations cuts frames at every header boundary and in between.
 func truncations() []tcase {
 	var out []tcase
-	for _, f := range []testutil.Frame{
+	for _, f := range []packet.Frame{
 		{Src: ip("10.0.0.1"), Dst: ip("10.0.0.2"), Proto: 6, Dport: 80, TCPFlags: 2, IPOptions: make([]byte, 8)},
 		{Src: ip("10.0.0.1"), Dst: ip("10.0.0.2"), Proto: 17, Dport: 40001, VLANs: []uint16{1, 2}},
-		{Src: ip("2001:db8::1"), Dst: ip("2001:db8::2"), Proto: 17, Dport: 40001, Ext: []testutil.ExtHdr{testutil.Ext(0, 8), testutil.Ext(51, 12)}, Fragment: true},
+		{Src: ip("2001:db8::1"), Dst: ip("2001:db8::2"), Proto: 17, Dport: 40001, Ext: []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(51, 12)}, Fragment: true},
 		{Src: ip("2001:db8::1"), Dst: ip("2001:db8::2"), Proto: 6, Dport: 80, TCPFlags: 2},
 	} {
 		full := f.Bytes()

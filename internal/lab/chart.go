@@ -27,9 +27,11 @@ var (
 // format is "png" or "svg".
 func (r *Report) Chart(format string) ([]byte, error) {
 	var layers []string
+	study := &logBars{name: "IPv4, the 2018 study (10G NIC)", color: colorStudy}
 	for _, l := range Layers {
 		if slices.ContainsFunc(r.Results, func(x Result) bool { return x.Layer == l.name }) {
 			layers = append(layers, l.name)
+			study.values, study.low, study.high = append(study.values, l.study), append(study.low, 0), append(study.high, 0)
 		}
 	}
 	if len(layers) == 0 {
@@ -49,11 +51,6 @@ func (r *Report) Chart(format string) ([]byte, error) {
 			b.values, b.low, b.high = append(b.values, v), append(b.low, lo), append(b.high, hi)
 		}
 		series = append(series, b)
-	}
-	study := &logBars{name: "IPv4, the 2018 study (10G NIC)", color: colorStudy}
-	for _, name := range layers {
-		v := Layers[slices.IndexFunc(Layers, func(l layer) bool { return l.name == name })].study
-		study.values, study.low, study.high = append(study.values, v), append(study.low, 0), append(study.high, 0)
 	}
 	series = append(series, study)
 

@@ -85,15 +85,14 @@ func (o *Options) Validate() error {
 // CPU 1, the recvmmsg application on a CPU of its own when there is a third
 // (as in the study) and else beside the receive path, never beside the
 // generator, whose rate it would take. One CPU runs everything.
-func cpus() (gen, rx, app int) {
-	n := runtime.NumCPU()
-	switch {
+func cpus() cpuPlan {
+	switch n := runtime.NumCPU(); {
 	case n >= 3:
-		return 0, 1, 2
+		return cpuPlan{gen: 0, rx: 1, app: 2}
 	case n == 2:
-		return 0, 1, 1
+		return cpuPlan{gen: 0, rx: 1, app: 1}
 	}
-	return 0, 0, 0
+	return cpuPlan{}
 }
 
 // receivers are the CPUs whose busy time a dropped packet costs.
@@ -102,6 +101,16 @@ func (c cpuPlan) receivers() []int {
 		return []int{c.rx, c.app}
 	}
 	return []int{c.rx}
+}
+
+// plan is one row of the run: a layer, its family's flood, and what the
+// rounds measured of it.
+type plan struct {
+	layer   layer
+	flood   *flood
+	list    string // the flood's sources as a list file
+	res     Result
+	samples []sample
 }
 
 // Drop runs the per-layer drop study. It always removes what it created,
@@ -118,88 +127,69 @@ func Drop(ctx context.Context, o Options) (*Report, error) {
 	if missing := missingTool([]string{"ip", "ethtool"}); missing != "" {
 		return nil, errors.New(missing)
 	}
-	genCPU, rxCPU, appCPU := cpus()
-	rep := &Report{Env: environment(o, genCPU, rxCPU, appCPU)}
-	floods := map[int]*flood{}
-	lists := map[int]string{}
+	cpu := cpus()
+	rep := &Report{Env: environment(o, cpu)}
+	var plans []*plan
 	for _, fam := range o.Families {
 		f, err := o.flood(fam)
 		if err != nil {
 			return nil, err
 		}
-		floods[fam] = f
-		if lists[fam], err = f.writeList(o.Dir); err != nil {
+		list, err := f.writeList(o.Dir)
+		if err != nil {
 			return nil, err
 		}
-	}
-	layers := o.Layers
-	if len(layers) == 0 {
-		layers = LayerNames()
+		for _, l := range Layers {
+			if len(o.Layers) == 0 || slices.Contains(o.Layers, l.name) {
+				p := &plan{layer: l, flood: f, list: list, res: Result{Layer: l.name, Family: fam, Status: StatusOK}}
+				if fam == 4 {
+					p.res.StudyMPPS = l.study
+				}
+				plans = append(plans, p)
+			}
+		}
 	}
 	// Rounds, not repeats in place: every round runs every row once, so
 	// the noise of a shared machine falls on all layers alike and the
 	// ratios between rows compare like with like.
-	type key struct {
-		layer  string
-		family int
-	}
-	rows := map[key]*Result{}
-	samples := map[key][]sample{}
-	var order []key
-	for _, fam := range o.Families {
-		for _, l := range Layers {
-			if slices.Contains(layers, l.name) {
-				k := key{l.name, fam}
-				order = append(order, k)
-				rows[k] = &Result{Layer: l.name, Family: fam, Status: StatusOK}
-				if l.study > 0 && fam == 4 {
-					rows[k].StudyMPPS = l.study
-				}
-			}
-		}
-	}
-	cpu := cpuPlan{gen: genCPU, rx: rxCPU, app: appCPU}
 	seq := 0
 	for round := range o.Repeats {
-		for i, k := range order {
-			res := rows[k]
-			if res.Status != StatusOK {
+		for i, p := range plans {
+			if p.res.Status != StatusOK {
 				continue
 			}
 			seq++
-			o.progress(fmt.Sprintf("round %d/%d, row %d/%d: %s IPv%d", round+1, o.Repeats, i+1, len(order), k.layer, k.family))
-			l := Layers[slices.IndexFunc(Layers, func(l layer) bool { return l.name == k.layer })]
-			s, mode, err := measureOnce(ctx, o, l, floods[k.family], lists[k.family], seq, cpu)
+			o.progress(fmt.Sprintf("round %d/%d, row %d/%d: %s IPv%d", round+1, o.Repeats, i+1, len(plans), p.layer.name, p.flood.family))
+			s, mode, err := measureOnce(ctx, o, p, seq, cpu)
 			if ctx.Err() != nil {
-				rep.Results = collect(order, rows, samples)
+				rep.Results = results(plans)
 				return rep, ctx.Err()
 			}
 			var skip skipError
 			switch {
 			case errors.As(err, &skip):
-				res.Status, res.Reason = StatusSkipped, skip.Error()
+				p.res.Status, p.res.Reason = StatusSkipped, skip.Error()
 			case err != nil:
-				res.Status, res.Reason = StatusFailed, err.Error()
+				p.res.Status, p.res.Reason = StatusFailed, err.Error()
 			default:
-				res.Mode = mode
-				samples[k] = append(samples[k], s)
+				p.res.Mode = mode
+				p.samples = append(p.samples, s)
 			}
 		}
 	}
-	rep.Results = collect(order, rows, samples)
+	rep.Results = results(plans)
 	rep.finish()
 	return rep, nil
 }
 
-// collect summarises each row's samples, in the study's order.
-func collect[K comparable](order []K, rows map[K]*Result, samples map[K][]sample) []Result {
-	out := make([]Result, 0, len(order))
-	for _, k := range order {
-		r := rows[k]
-		if r.Status == StatusOK && len(samples[k]) > 0 {
-			r.summarise(samples[k])
+// results summarises each row's samples, in the study's order.
+func results(plans []*plan) []Result {
+	out := make([]Result, 0, len(plans))
+	for _, p := range plans {
+		if p.res.Status == StatusOK && len(p.samples) > 0 {
+			p.res.summarise(p.samples)
 		}
-		out = append(out, *r)
+		out = append(out, p.res)
 	}
 	return out
 }
@@ -234,7 +224,8 @@ func (o *Options) progress(msg string) {
 
 // measureOnce runs one row once: a fresh topology and layer, the
 // generator, warm-up, one window; everything torn down after.
-func measureOnce(ctx context.Context, o Options, l layer, f *flood, list string, seq int, cpu cpuPlan) (s sample, mode string, err error) {
+func measureOnce(ctx context.Context, o Options, p *plan, seq int, cpu cpuPlan) (s sample, mode string, err error) {
+	l, f := p.layer, p.flood
 	if missing := missingTool(l.tools); missing != "" {
 		return s, "", skipError{missing}
 	}
@@ -248,7 +239,7 @@ func measureOnce(ctx context.Context, o Options, l layer, f *flood, list string,
 		return s, "", err
 	}
 	defer objs.Close()
-	r := &row{topo: topo, family: f.family, objs: objs, appCPU: cpu.app, list: list, rampart: o.Rampart, ipt: iptablesFor(f.family)}
+	r := &row{topo: topo, family: f.family, objs: objs, appCPU: cpu.app, list: p.list, rampart: o.Rampart, ipt: iptablesFor(f.family)}
 	act, err := l.setup(r)
 	if err != nil {
 		var skip skipError
@@ -432,9 +423,9 @@ func median(sorted []float64) float64 {
 }
 
 // environment records what the numbers depend on.
-func environment(o Options, gen, rx, app int) Env {
+func environment(o Options, cpu cpuPlan) Env {
 	e := Env{
-		CPUs: runtime.NumCPU(), GeneratorCPU: gen, ReceiveCPU: rx, AppCPU: app, BatchSize: batchSize,
+		CPUs: runtime.NumCPU(), GeneratorCPU: cpu.gen, ReceiveCPU: cpu.rx, AppCPU: cpu.app, BatchSize: batchSize,
 		Warmup: o.Warmup.String(), Window: o.Window.String(), Repeats: o.Repeats,
 		Sources: o.Sources, Src4: o.Src4.String(), Src6: o.Src6.String(),
 		Iptables: iptablesFor(4),

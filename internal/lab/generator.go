@@ -13,6 +13,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/packet"
 )
 
 // batchSize is how many frames the kernel prepares and flushes at once in
@@ -90,61 +92,12 @@ func (f *flood) writeList(dir string) (string, error) {
 // 16 bytes of payload to the flood's destination; source address and port
 // are overwritten per frame, checksums kept valid.
 func (f *flood) frame(srcMAC, dstMAC net.HardwareAddr) []byte {
-	payload := make([]byte, 16)
 	src, dst := genAddr4, rxAddr4
 	if f.family == 6 {
 		src, dst = genAddr6, rxAddr6
 	}
-	udp := make([]byte, 8, 8+len(payload))
-	binary.BigEndian.PutUint16(udp[0:], 40000)
-	binary.BigEndian.PutUint16(udp[2:], floodPort)
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
-	udp = append(udp, payload...)
-	pseudo := append(src.AsSlice(), dst.AsSlice()...)
-	if f.family == 4 {
-		pseudo = append(pseudo, 0, unix.IPPROTO_UDP, 0, byte(len(udp)))
-	} else {
-		pseudo = append(pseudo, 0, 0, 0, byte(len(udp)), 0, 0, 0, unix.IPPROTO_UDP)
-	}
-	binary.BigEndian.PutUint16(udp[6:], checksum(append(pseudo, udp...)))
-
-	b := append(append([]byte{}, dstMAC...), srcMAC...)
-	if f.family == 4 {
-		b = binary.BigEndian.AppendUint16(b, unix.ETH_P_IP)
-		ip := make([]byte, 20)
-		ip[0] = 0x45
-		binary.BigEndian.PutUint16(ip[2:], uint16(20+len(udp)))
-		ip[8], ip[9] = 64, unix.IPPROTO_UDP
-		copy(ip[12:], src.AsSlice())
-		copy(ip[16:], dst.AsSlice())
-		binary.BigEndian.PutUint16(ip[10:], checksum(ip))
-		b = append(b, ip...)
-	} else {
-		b = binary.BigEndian.AppendUint16(b, unix.ETH_P_IPV6)
-		ip := make([]byte, 40)
-		ip[0] = 0x60
-		binary.BigEndian.PutUint16(ip[4:], uint16(len(udp)))
-		ip[6], ip[7] = unix.IPPROTO_UDP, 64
-		copy(ip[8:], src.AsSlice())
-		copy(ip[24:], dst.AsSlice())
-		b = append(b, ip...)
-	}
-	return append(b, udp...)
-}
-
-// checksum is the Internet checksum (RFC 1071).
-func checksum(b []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		s += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		s += uint32(b[len(b)-1]) << 8
-	}
-	for s > 0xffff {
-		s = s>>16 + s&0xffff
-	}
-	return ^uint16(s)
+	return packet.Frame{SrcMAC: srcMAC, DstMAC: dstMAC, Src: src, Dst: dst, Proto: unix.IPPROTO_UDP,
+		Sport: 40000, Dport: floodPort, Payload: 16}.Bytes()
 }
 
 // loadObjects loads the lab's programs for one row: the generator aimed at
@@ -237,17 +190,4 @@ func (g *generator) halt() error {
 	close(g.stop)
 	g.wg.Wait()
 	return g.err
-}
-
-// perCPUSum reads a one-slot per-CPU counter map.
-func perCPUSum(m *ebpf.Map) (uint64, error) {
-	var vals []uint64
-	if err := m.Lookup(uint32(0), &vals); err != nil {
-		return 0, err
-	}
-	var s uint64
-	for _, v := range vals {
-		s += v
-	}
-	return s, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -73,7 +74,7 @@ func TestGeneratorFrames(t *testing.T) {
 			var udp []byte
 			if tc.family == 4 {
 				ip := out[14:34]
-				if checksum(ip) != 0 {
+				if packet.Checksum(ip) != 0 {
 					t.Fatalf("IPv4 header checksum does not verify: % x", ip)
 				}
 				src = netip.PrefixFrom(netip.AddrFrom4([4]byte(ip[12:16])), 32)
@@ -112,5 +113,5 @@ func udpChecksumOK(frame []byte, family int) bool {
 		udp = frame[54:]
 		pseudo = append(append([]byte{}, ip[8:40]...), 0, 0, 0, byte(len(udp)), 0, 0, 0, 17)
 	}
-	return checksum(append(pseudo, udp...)) == 0
+	return packet.Checksum(append(pseudo, udp...)) == 0
 }

@@ -252,7 +252,7 @@ func setupSocketBPF(r *row) (*active, error) {
 	return &active{count: r.dropCount, teardown: conn.Close}, nil
 }
 
-func (r *row) dropCount() (uint64, error) { return perCPUSum(r.objs.LabDrops) }
+func (r *row) dropCount() (uint64, error) { return datapath.SumPerCPU(r.objs.LabDrops) }
 
 func setupIptablesInput(r *row) (*active, error) {
 	if err := r.rule("raw", "PREROUTING", "-j", "NOTRACK"); err != nil {

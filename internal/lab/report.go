@@ -112,25 +112,21 @@ func (r *Report) finish() {
 // the study's own order, and says for each inversion what the run shows
 // about it.
 func (r *Report) orderNotes(fam int) []string {
-	var rows []*Result
+	type ranked struct {
+		*Result
+		study float64
+	}
+	var rows []ranked
 	for _, l := range Layers {
 		if x := r.find(l.name, fam); x != nil && l.study > 0 {
-			rows = append(rows, x)
+			rows = append(rows, ranked{x, l.study})
 		}
-	}
-	study := func(x *Result) float64 {
-		for _, l := range Layers {
-			if l.name == x.Layer {
-				return l.study
-			}
-		}
-		return 0
 	}
 	var notes []string
 	for i := range rows {
 		for j := i + 1; j < len(rows); j++ {
 			a, b := rows[i], rows[j]
-			sa, sb := study(a), study(b)
+			sa, sb := a.study, b.study
 			if (sa < sb) == (a.MPPS < b.MPPS) {
 				continue
 			}

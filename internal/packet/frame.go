@@ -1,14 +1,18 @@
-// Package testutil holds what rampart's tests share: a frame builder,
-// network-namespace helpers and the privilege gate.
-package testutil
+// Package packet builds Ethernet frames: the tests' inputs, the lookup
+// benchmark's and the lab's flood template.
+package packet
 
 import (
 	"encoding/binary"
+	"net"
 	"net/netip"
 )
 
-// Frame describes a test frame. Zero values give a plain untagged frame.
+// Frame describes a frame. Zero values give a plain untagged frame between
+// 02:00:00:00:00:01 and 02:00:00:00:00:02; TCP and UDP checksums are valid.
 type Frame struct {
+	SrcMAC    net.HardwareAddr
+	DstMAC    net.HardwareAddr
 	VLANs     []uint16 // outer first; 0x88a8 is used for the outer of two
 	EtherType uint16   // overrides the one implied by Src (e.g. ARP)
 	Src, Dst  netip.Addr
@@ -34,8 +38,8 @@ type ExtHdr struct {
 // Bytes renders the frame.
 func (f Frame) Bytes() []byte {
 	b := make([]byte, 12, 128)
-	copy(b[0:6], []byte{0x02, 0, 0, 0, 0, 2})
-	copy(b[6:12], []byte{0x02, 0, 0, 0, 0, 1})
+	copy(b[0:6], macOr(f.DstMAC, 2))
+	copy(b[6:12], macOr(f.SrcMAC, 1))
 	et := f.EtherType
 	if et == 0 {
 		et = 0x0800
@@ -56,6 +60,7 @@ func (f Frame) Bytes() []byte {
 		return append(b, make([]byte, 46)...)
 	}
 	l4 := f.l4()
+	f.fillChecksum(l4)
 	if f.Src.Is4() {
 		hl := 20 + len(f.IPOptions)
 		ip := make([]byte, hl)
@@ -72,7 +77,7 @@ func (f Frame) Bytes() []byte {
 		copy(ip[12:], s[:])
 		copy(ip[16:], d[:])
 		copy(ip[20:], f.IPOptions)
-		binary.BigEndian.PutUint16(ip[10:], checksum(ip))
+		binary.BigEndian.PutUint16(ip[10:], Checksum(ip))
 		b = append(b, ip...)
 		return append(b, l4...)
 	}
@@ -138,15 +143,48 @@ func (f Frame) l4() []byte {
 	return append(h, make([]byte, f.Payload)...)
 }
 
-func checksum(b []byte) uint16 {
+// fillChecksum sets a TCP or UDP header's checksum over the pseudo-header
+// (RFC 768, RFC 8200 section 8.1); fragments carry none of their own.
+func (f Frame) fillChecksum(l4 []byte) {
+	off := map[uint8]int{6: 16, 17: 6}[f.Proto]
+	if off == 0 || f.FragOff != 0 || f.MoreFrags || len(l4) < off+2 {
+		return
+	}
+	pseudo := append(f.Src.AsSlice(), f.Dst.AsSlice()...)
+	if f.Src.Is4() {
+		pseudo = append(pseudo, 0, f.Proto)
+		pseudo = binary.BigEndian.AppendUint16(pseudo, uint16(len(l4)))
+	} else {
+		pseudo = binary.BigEndian.AppendUint32(pseudo, uint32(len(l4)))
+		pseudo = append(pseudo, 0, 0, 0, f.Proto)
+	}
+	c := Checksum(append(pseudo, l4...))
+	if c == 0 && f.Proto == 17 {
+		c = 0xffff // 0 means "no checksum" in UDP
+	}
+	binary.BigEndian.PutUint16(l4[off:], c)
+}
+
+// Checksum is the Internet checksum (RFC 1071).
+func Checksum(b []byte) uint16 {
 	var s uint32
 	for i := 0; i+1 < len(b); i += 2 {
 		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
 	}
 	for s > 0xffff {
 		s = s>>16 + s&0xffff
 	}
 	return ^uint16(s)
+}
+
+func macOr(m net.HardwareAddr, last byte) []byte {
+	if len(m) == 6 {
+		return m
+	}
+	return []byte{0x02, 0, 0, 0, 0, last}
 }
 
 // Ext is an extension header of type typ and n bytes.
