@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Drop reasons for `rampart diagnose`: counts every skb the kernel frees as
+ * dropped (the skb:kfree_skb tracepoint), keyed by reason, dropping call
+ * site, interface and protocol, for one network namespace.
+ *
+ * The kernel structs below are cut down to the fields read here and marked
+ * preserve_access_index, so libbpf relocates each access against the running
+ * kernel's BTF (CO-RE): no vmlinux.h, and no offsets tied to one build. */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+char __license[] SEC("license") = "GPL";
+
+struct ns_common {
+	unsigned int inum;
+} __attribute__((preserve_access_index));
+
+struct net {
+	struct ns_common ns;
+} __attribute__((preserve_access_index));
+
+typedef struct {
+	struct net *net;
+} possible_net_t;
+
+struct net_device {
+	int ifindex;
+	possible_net_t nd_net;
+} __attribute__((preserve_access_index));
+
+struct sock_common {
+	possible_net_t skc_net;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+} __attribute__((preserve_access_index));
+
+struct sk_buff {
+	struct net_device *dev;
+	struct sock *sk;
+	__be16 protocol;
+	__u16 network_header;
+	unsigned char *head;
+} __attribute__((preserve_access_index));
+
+/* The first reasons are not drops: SKB_NOT_DROPPED_YET, SKB_CONSUMED. */
+#define FIRST_DROP_REASON 2
+
+struct drop_key {
+	__u64 location; /* address of the call site that freed the skb */
+	__u32 reason;   /* enum skb_drop_reason */
+	__u32 ifindex;  /* skb->dev, 0 when the skb had none */
+	__u16 l3proto;  /* ethertype, host order */
+	__u8 l4proto;   /* IP protocol or IPv6 next header, 0 when unknown */
+	__u8 pad[5];
+};
+
+/* Only drops in this namespace are counted (its /proc/self/ns/net inode):
+ * the counters diagnose reads are per namespace too. */
+volatile const __u32 target_netns;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct drop_key);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+/* Drops that found the table full, so a report can say it is incomplete. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+static __always_inline __u32 netns_of(struct sk_buff *skb)
+{
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	if (dev)
+		return BPF_CORE_READ(dev, nd_net.net, ns.inum);
+	struct sock *sk = BPF_CORE_READ(skb, sk);
+	if (sk)
+		return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	return 0;
+}
+
+static __always_inline __u8 l4_of(struct sk_buff *skb, __u16 l3proto)
+{
+	unsigned char *head = BPF_CORE_READ(skb, head);
+	__u16 nh = BPF_CORE_READ(skb, network_header);
+	__u8 proto = 0;
+
+	if (nh == (__u16)~0U)
+		return 0;
+	if (l3proto == ETH_P_IP)
+		bpf_probe_read_kernel(&proto, 1, head + nh + 9);
+	else if (l3proto == ETH_P_IPV6)
+		bpf_probe_read_kernel(&proto, 1, head + nh + 6);
+	return proto;
+}
+
+/* tp_btf arguments since 5.17: skb, location, reason (6.11 added rx_sk). */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(count_drop, struct sk_buff *skb, void *location, unsigned int reason)
+{
+	if (reason < FIRST_DROP_REASON || netns_of(skb) != target_netns)
+		return 0;
+
+	struct drop_key key = {
+		.location = (__u64)location,
+		.reason = reason,
+		.l3proto = bpf_ntohs(BPF_CORE_READ(skb, protocol)),
+	};
+	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	if (dev)
+		key.ifindex = BPF_CORE_READ(dev, ifindex);
+	key.l4proto = l4_of(skb, key.l3proto);
+
+	__u64 *n = bpf_map_lookup_elem(&drops, &key);
+	if (n) {
+		(*n)++;
+		return 0;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&drops, &key, &one, BPF_NOEXIST) == 0)
+		return 0;
+	n = bpf_map_lookup_elem(&drops, &key); /* another CPU's insert won */
+	if (n) {
+		(*n)++;
+		return 0;
+	}
+	__u32 zero = 0;
+	__u64 *l = bpf_map_lookup_elem(&lost, &zero);
+	if (l)
+		(*l)++;
+	return 0;
+}
