@@ -8,7 +8,6 @@
  * kernel's BTF (CO-RE): no vmlinux.h, and no offsets tied to one build. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
-#include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
@@ -79,33 +78,48 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
+/* tp_btf arguments are typed by the kernel's BTF, so pointers are followed
+ * with plain loads (the verifier makes them fault-safe), not helper calls. */
+static __always_inline __u32 inum_of(struct net *net)
+{
+	/* An RCU pointer: the verifier wants it null-checked before use. */
+	if (!net)
+		return 0;
+	return net->ns.inum;
+}
+
 static __always_inline __u32 netns_of(struct sk_buff *skb)
 {
-	struct net_device *dev = BPF_CORE_READ(skb, dev);
+	struct net_device *dev = skb->dev;
+	struct sock *sk = skb->sk;
+
+	/* Keep the checked value: a reloaded RCU pointer is unchecked again. */
+	barrier_var(dev);
+	barrier_var(sk);
 	if (dev)
-		return BPF_CORE_READ(dev, nd_net.net, ns.inum);
-	struct sock *sk = BPF_CORE_READ(skb, sk);
+		return inum_of(dev->nd_net.net);
 	if (sk)
-		return BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+		return inum_of(sk->__sk_common.skc_net.net);
 	return 0;
 }
 
+/* The protocol byte of the network header: raw packet memory, not a BTF
+ * type, so it is read with a helper. */
 static __always_inline __u8 l4_of(struct sk_buff *skb, __u16 l3proto)
 {
-	unsigned char *head = BPF_CORE_READ(skb, head);
-	__u16 nh = BPF_CORE_READ(skb, network_header);
+	__u16 nh = skb->network_header;
 	__u8 proto = 0;
 
 	if (nh == (__u16)~0U)
 		return 0;
 	if (l3proto == ETH_P_IP)
-		bpf_probe_read_kernel(&proto, 1, head + nh + 9);
+		bpf_probe_read_kernel(&proto, 1, skb->head + nh + 9);
 	else if (l3proto == ETH_P_IPV6)
-		bpf_probe_read_kernel(&proto, 1, head + nh + 6);
+		bpf_probe_read_kernel(&proto, 1, skb->head + nh + 6);
 	return proto;
 }
 
-/* tp_btf arguments since 5.17: skb, location, reason (6.11 added rx_sk). */
+/* Arguments since 5.17: skb, location, reason (6.11 added rx_sk). */
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(count_drop, struct sk_buff *skb, void *location, unsigned int reason)
 {
@@ -115,11 +129,10 @@ int BPF_PROG(count_drop, struct sk_buff *skb, void *location, unsigned int reaso
 	struct drop_key key = {
 		.location = (__u64)location,
 		.reason = reason,
-		.l3proto = bpf_ntohs(BPF_CORE_READ(skb, protocol)),
+		.l3proto = bpf_ntohs(skb->protocol),
 	};
-	struct net_device *dev = BPF_CORE_READ(skb, dev);
-	if (dev)
-		key.ifindex = BPF_CORE_READ(dev, ifindex);
+	if (skb->dev)
+		key.ifindex = skb->dev->ifindex;
 	key.l4proto = l4_of(skb, key.l3proto);
 
 	__u64 *n = bpf_map_lookup_elem(&drops, &key);

@@ -62,6 +62,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		expirerCmd(g),
 		benchCmd(g),
 		labCmd(g),
+		diagnoseCmd(g),
 	)
 	return root.ExecuteContext(ctx)
 }
