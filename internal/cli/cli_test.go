@@ -14,7 +14,7 @@ import (
 )
 
 func TestHelp(t *testing.T) {
-	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check", "list", "list add", "list del", "list show", "bench lookup", "lab drop"} {
+	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check", "list", "list add", "list del", "list show", "bench lookup", "lab drop", "diagnose"} {
 		out := mustRampart(t, append(strings.Fields(cmd), "--help")...)
 		if !strings.Contains(out, "--json") || !strings.Contains(out, "Usage:") {
 			t.Errorf("%s --help lacks usage or --json:\n%s", cmd, out)
@@ -74,6 +74,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"lab", "drop", "--layers", "xdp,iptables-raw"}, `unknown layer "xdp": choose from app,`},
 		{[]string{"lab", "drop", "--src6", "fd00::/80"}, "sources are /64s"},
 		{[]string{"lab", "drop", "--src4", "192.0.2.0/24"}, "fewer than 1000000 sources"},
+		{[]string{"diagnose", "--duration", "0s"}, "--duration must be positive"},
+		{[]string{"diagnose", "--iface", "nosuch0", "--duration", "10ms"}, `no interface "nosuch0"`},
+		{[]string{"diagnose", "--netns", "nosuch-ns"}, `network namespace "nosuch-ns"`},
 	} {
 		_, err := rampart(t, c.args...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

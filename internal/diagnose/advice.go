@@ -108,11 +108,23 @@ var rxRingCounter = regexp.MustCompile(`^(link/[^/]+/(rx_missed_errors|rx_fifo_e
 // ring (or, on veth, the peer's ptr_ring) had no room.
 func rxRing(w *window) []Finding {
 	ev := w.matching(rxRingCounter)
-	// veth has no ring registers: a full receive ptr_ring shows as the
-	// receiving device's rx_dropped (peer_tq_xdp_xmit_err, xdp_tx_err).
+	// veth has no ring registers: frames refused by a full receive
+	// ptr_ring count in the receiving device's rx_dropped, which also counts
+	// the stack's backlog and unhandled-protocol drops. Only what those do
+	// not explain is the ring's.
+	backlog := total(w.matching(softnetDropped))
 	for _, l := range w.cur.Links {
-		if l.Kind == "veth" {
-			ev = append(ev, w.moving("link/"+l.Name+"/rx_dropped")...)
+		name := "link/" + l.Name + "/rx_dropped"
+		stack := backlog
+		for _, d := range w.drops {
+			if d.Iface == l.Name && (d.Reason == "CPU_BACKLOG" || d.Reason == "UNHANDLED_PROTO") {
+				stack += d.Rate
+			}
+		}
+		if l.Kind == "veth" && w.rates[name] > 1.05*stack {
+			e := w.moving(name)[0]
+			e.Detail = fmt.Sprintf("the stack explains %.0f/s of it (backlog, unhandled protocol)", stack)
+			ev = append(ev, e)
 		}
 	}
 	if len(ev) == 0 {
@@ -149,8 +161,10 @@ func devicesOf(ev []Evidence) []string {
 
 var xdpDropCounter = regexp.MustCompile(`^ethtool/[^/]+/.*xdp.*drop.*$`)
 
-// xdpDrop: XDP programs dropping. Their drops never reach kfree_skb, so
-// they come from rampart's rule counters and the drivers' XDP statistics.
+// xdpDrop: XDP programs dropping. Drivers recycle the pages of dropped
+// frames without an skb, so kfree_skb does not see them (veth, which runs
+// XDP on skbs from its peer, is the exception): they come from rampart's
+// rule counters and the drivers' XDP statistics.
 // rampart at tc is reported as tc-drop.
 func xdpDrop(w *window) []Finding {
 	var xdp, tc []Evidence
@@ -174,12 +188,12 @@ func xdpDrop(w *window) []Finding {
 	var out []Finding
 	if len(xdp) > 0 {
 		out = append(out, Finding{ID: "xdp-drop", Evidence: xdp, Fix: fix, Commands: []string{"rampart stats --watch"},
-			Summary: fmt.Sprintf("XDP programs drop %s packets before the stack sees them (these never show in kfree_skb)", pps(rampartOrDriver(xdp)))})
+			Summary: fmt.Sprintf("XDP programs drop packets at %s before the stack sees them", pps(rampartOrDriver(xdp)))})
 	}
 	if len(tc) > 0 {
 		out = append(out, Finding{ID: "tc-drop", Evidence: tc, Fix: fix + " XDP would drop them cheaper: rampart apply --mode auto picks it where the driver has it.",
 			Commands: []string{"rampart stats --watch"},
-			Summary:  fmt.Sprintf("rampart's tc programs drop %s packets", pps(total(tc)))})
+			Summary:  fmt.Sprintf("rampart's tc programs drop packets at %s", pps(total(tc)))})
 	}
 	return out
 }
@@ -212,7 +226,7 @@ func backlogDrops(w *window) []Finding {
 	ev = append(ev, w.reasons("CPU_BACKLOG")...)
 	cur := w.cur.Sysctl["net.core.netdev_max_backlog"]
 	return []Finding{{ID: "backlog-drops", Evidence: ev,
-		Summary: fmt.Sprintf("a CPU's input backlog was full: %s packets dropped (net.core.netdev_max_backlog = %d)", pps(rate), cur),
+		Summary: fmt.Sprintf("a CPU's input backlog was full: packets dropped at %s (net.core.netdev_max_backlog = %d)", pps(rate), cur),
 		Fix:     "Let the backlog hold more, and spread the work: a longer backlog absorbs bursts; RPS or more RSS queues share the load between CPUs.",
 		Commands: []string{fmt.Sprintf("sysctl -w net.core.netdev_max_backlog=%d", max(2*cur, 10000)),
 			"echo <cpu mask> > /sys/class/net/<iface>/queues/rx-0/rps_cpus"}}}
@@ -268,10 +282,13 @@ func netfilterDrop(w *window) []Finding {
 	// NETFILTER_DROP also counts conntrack's drops when its table is full.
 	reasons := w.reasons("NETFILTER_DROP")
 	byRules, byReason := total(ev), total(reasons)-w.rates["conntrack/drop"]
+	if byReason < 0.05*total(reasons) { // the tracer and the counters are read moments apart
+		byReason = 0
+	}
 	if byRules == 0 && byReason <= 0 {
 		return nil
 	}
-	summary := fmt.Sprintf("netfilter drops %s packets", pps(max(byRules, byReason)))
+	summary := fmt.Sprintf("netfilter drops packets at %s", pps(max(byRules, byReason)))
 	var cmds []string
 	if len(ev) > 0 {
 		top := w.cur.Rules[ev[0].Name]
@@ -297,7 +314,7 @@ func noListener(w *window) []Finding {
 	// UdpNoPorts and NO_SOCKET count the same UDP datagrams; NO_SOCKET
 	// adds TCP segments.
 	return []Finding{{ID: "no-listener", Evidence: append(counters, reasons...),
-		Summary:  fmt.Sprintf("%s packets arrive for ports nothing listens on", pps(max(total(counters), total(reasons)))),
+		Summary:  fmt.Sprintf("packets arrive at %s for ports nothing listens on", pps(max(total(counters), total(reasons)))),
 		Fix:      "If this traffic is unwanted (a flood, a scan), drop it with a rampart rule for those ports before the stack looks up a socket and answers each packet; if a service should be listening, start it.",
 		Commands: []string{"ss -lunp   # what listens", "rampart apply <policy with: {proto: udp, dport: <ports>, action: drop}>"}}}
 }
@@ -314,7 +331,7 @@ func udpRcvbuf(w *window) []Finding {
 	rmax := w.cur.Sysctl["net.core.rmem_max"]
 	want := max(4*rmax, 8<<20)
 	return []Finding{{ID: "udp-rcvbuf", Evidence: ev,
-		Summary: fmt.Sprintf("UDP sockets drop %s datagrams: their receive buffers are full (net.core.rmem_max = %d)", pps(rate), rmax),
+		Summary: fmt.Sprintf("UDP sockets drop datagrams at %s: their receive buffers are full (net.core.rmem_max = %d)", pps(rate), rmax),
 		Fix:     "The application reads slower than datagrams arrive. Give its socket a bigger SO_RCVBUF (capped by net.core.rmem_max), read faster (more threads with SO_REUSEPORT, recvmmsg), or drop the unwanted part of the traffic earlier with rampart so the socket only gets what it must read.",
 		Commands: []string{fmt.Sprintf("sysctl -w net.core.rmem_max=%d net.core.rmem_default=%d", want, want),
 			"ss -lump   # each socket's receive queue (Recv-Q) and buffer (rb)"}}}
@@ -330,7 +347,7 @@ func listenOverflow(w *window) []Finding {
 	ev = append(ev, w.reasons("TCP_LISTEN_OVERFLOW")...)
 	somax := w.cur.Sysctl["net.core.somaxconn"]
 	return []Finding{{ID: "listen-overflow", Evidence: ev,
-		Summary: fmt.Sprintf("TCP listeners drop %s connection attempts: their accept queues are full (net.core.somaxconn = %d)", pps(max(w.rates["TcpExtListenDrops"], w.rates["TcpExtListenOverflows"])), somax),
+		Summary: fmt.Sprintf("TCP listeners drop connection attempts at %s: their accept queues are full (net.core.somaxconn = %d)", pps(max(w.rates["TcpExtListenDrops"], w.rates["TcpExtListenOverflows"])), somax),
 		Fix:     "The application accepts slower than connections arrive, or its listen() backlog is small. Raise the backlog (the application's listen() argument, capped by net.core.somaxconn) and accept faster. Under a SYN flood, keep net.ipv4.tcp_syncookies=1 and drop the flood's sources with rampart.",
 		Commands: []string{fmt.Sprintf("sysctl -w net.core.somaxconn=%d net.ipv4.tcp_max_syn_backlog=%d", max(2*somax, 4096), max(2*somax, 4096)),
 			"ss -lnt   # Recv-Q: connections waiting for accept(), Send-Q: the backlog"}}}
@@ -400,7 +417,7 @@ func (w *window) qdiscEvidence(q Qdisc) []Evidence {
 
 func qdiscWhy(w *window, q Qdisc) string {
 	p := qdiscPrefix(q)
-	s := fmt.Sprintf("qdisc %s %s on %s drops %s", q.Kind, q.Handle, q.Iface, pps(w.rates[p+"drops"]))
+	s := fmt.Sprintf("qdisc %s %s on %s drops packets at %s", q.Kind, q.Handle, q.Iface, pps(w.rates[p+"drops"]))
 	if r := w.rates[p+"flows_plimit"]; r > 0 {
 		s += fmt.Sprintf(", %s of them because one flow had flow_limit = %d packets queued (flows_plimit)", pps(r), q.FlowLimit)
 	} else if q.Limit > 0 {

@@ -121,6 +121,9 @@ func Collect(o Options) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.Iface != "" && len(s.Links) == 0 && !s.missing("links") {
+		return nil, fmt.Errorf("no interface %q here (ip link lists them; --netns chooses the namespace)", o.Iface)
+	}
 	s.readSysctls() // the host-wide ones the namespace does not show
 	s.collectIptables(o.Netns)
 	if len(o.States) > 0 {
@@ -131,6 +134,15 @@ func Collect(o Options) (*Snapshot, error) {
 		}
 	}
 	return s, nil
+}
+
+func (s *Snapshot) missing(source string) bool {
+	for _, m := range s.Missing {
+		if strings.HasPrefix(m, source+":") {
+			return true
+		}
+	}
+	return false
 }
 
 func readInto(path string, into Counters, parse func(io.Reader, Counters) error) error {
