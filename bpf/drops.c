@@ -78,8 +78,52 @@ struct {
 	__type(value, __u64);
 } lost SEC(".maps");
 
-/* tp_btf arguments are typed by the kernel's BTF, so pointers are followed
- * with plain loads (the verifier makes them fault-safe), not helper calls. */
+/* Under a flood nearly every drop on a CPU has the same key: they are
+ * counted here, per CPU, and added to the hash when the key changes or
+ * FLUSH_EVERY have gathered, which keeps the hash's cost off most events.
+ * Readers add the pending counts, so a read is at most FLUSH_EVERY per CPU
+ * off, made good by the next one. */
+#define FLUSH_EVERY 64
+
+struct pending_drops {
+	struct drop_key key;
+	__u64 count;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pending_drops);
+} pending SEC(".maps");
+
+static __always_inline void flush(struct pending_drops *p)
+{
+	__u64 *n = bpf_map_lookup_elem(&drops, &p->key);
+
+	if (!n && bpf_map_update_elem(&drops, &p->key, &p->count, BPF_NOEXIST) == 0)
+		goto done;
+	if (!n)
+		n = bpf_map_lookup_elem(&drops, &p->key); /* another CPU's insert won */
+	if (n) {
+		*n += p->count;
+	} else {
+		__u32 zero = 0;
+		__u64 *l = bpf_map_lookup_elem(&lost, &zero);
+		if (l)
+			*l += p->count;
+	}
+done:
+	p->count = 0;
+}
+
+static __always_inline int same_key(const struct drop_key *a, const struct drop_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2];
+}
+
 static __always_inline __u32 inum_of(struct net *net)
 {
 	/* An RCU pointer: the verifier wants it null-checked before use. */
@@ -135,22 +179,15 @@ int BPF_PROG(count_drop, struct sk_buff *skb, void *location, unsigned int reaso
 		key.ifindex = skb->dev->ifindex;
 	key.l4proto = l4_of(skb, key.l3proto);
 
-	__u64 *n = bpf_map_lookup_elem(&drops, &key);
-	if (n) {
-		(*n)++;
-		return 0;
-	}
-	__u64 one = 1;
-	if (bpf_map_update_elem(&drops, &key, &one, BPF_NOEXIST) == 0)
-		return 0;
-	n = bpf_map_lookup_elem(&drops, &key); /* another CPU's insert won */
-	if (n) {
-		(*n)++;
-		return 0;
-	}
 	__u32 zero = 0;
-	__u64 *l = bpf_map_lookup_elem(&lost, &zero);
-	if (l)
-		(*l)++;
+	struct pending_drops *p = bpf_map_lookup_elem(&pending, &zero);
+	if (!p)
+		return 0;
+	if (p->count && !same_key(&p->key, &key))
+		flush(p);
+	if (!p->count)
+		p->key = key;
+	if (++p->count >= FLUSH_EVERY)
+		flush(p);
 	return 0;
 }

@@ -23,12 +23,19 @@ type dropsDropKey struct {
 	Pad      [5]uint8
 }
 
+type dropsPendingDrops struct {
+	_     structs.HostLayout
+	Key   dropsDropKey
+	Count uint64
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	dropsMapDrops       = "drops"
 	dropsMapLost        = "lost"
+	dropsMapPending     = "pending"
 	dropsProgCountDrop  = "count_drop"
 	dropsVarTargetNetns = "target_netns"
 )
@@ -82,8 +89,9 @@ type dropsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type dropsMapSpecs struct {
-	Drops *ebpf.MapSpec `ebpf:"drops"`
-	Lost  *ebpf.MapSpec `ebpf:"lost"`
+	Drops   *ebpf.MapSpec `ebpf:"drops"`
+	Lost    *ebpf.MapSpec `ebpf:"lost"`
+	Pending *ebpf.MapSpec `ebpf:"pending"`
 }
 
 // dropsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -113,14 +121,16 @@ func (o *dropsObjects) Close() error {
 //
 // It can be passed to loadDropsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type dropsMaps struct {
-	Drops *ebpf.Map `ebpf:"drops"`
-	Lost  *ebpf.Map `ebpf:"lost"`
+	Drops   *ebpf.Map `ebpf:"drops"`
+	Lost    *ebpf.Map `ebpf:"lost"`
+	Pending *ebpf.Map `ebpf:"pending"`
 }
 
 func (m *dropsMaps) Close() error {
 	return _DropsClose(
 		m.Drops,
 		m.Lost,
+		m.Pending,
 	)
 }
 

@@ -89,7 +89,8 @@ func (t *Tracer) Close() {
 }
 
 // Counts reads the drops counted so far, summed over CPUs, and how many
-// found the table full and were not counted.
+// found the table full and were not counted. Each CPU may be up to 64
+// drops off (bpf/drops.c FLUSH_EVERY); the next read makes it good.
 func (t *Tracer) Counts() (map[DropKey]uint64, uint64, error) {
 	out := map[DropKey]uint64{}
 	var (
@@ -106,6 +107,15 @@ func (t *Tracer) Counts() (map[DropKey]uint64, uint64, error) {
 	}
 	if err := it.Err(); err != nil {
 		return nil, 0, fmt.Errorf("read drop counts: %w", err)
+	}
+	var pending []dropsPendingDrops // per CPU: counted, not yet in the hash
+	if err := t.objs.Pending.Lookup(uint32(0), &pending); err != nil {
+		return nil, 0, fmt.Errorf("read pending drop counts: %w", err)
+	}
+	for _, p := range pending {
+		if p.Count > 0 {
+			out[p.Key] += p.Count
+		}
 	}
 	lost, err := datapath.SumPerCPU(t.objs.Lost)
 	return out, lost, err

@@ -1,0 +1,65 @@
+package diagnose
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+// TestTracerCounts: every drop in the traced namespace is counted once,
+// including those still pending on their CPU, and none from another
+// namespace.
+func TestTracerCounts(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	ino, err := NetnsInode(p.NsB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := StartTracer(ino)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+
+	send(t, p.NsA, p.B4, 1000) // to B's closed port: dropped in B
+	send(t, p.NsB, p.A4, 500)  // to A's closed port: dropped in A
+	time.Sleep(100 * time.Millisecond)
+
+	counts, lost, err := tr.Counts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	noSocket := uint64(0)
+	for k, n := range counts {
+		if tr.Reasons[k.Reason] == "NO_SOCKET" {
+			noSocket += n
+			if k.L3proto != 0x0800 || k.L4proto != 17 || k.Ifindex == 0 {
+				t.Errorf("key %+v: want IPv4, UDP and B's interface", k)
+			}
+		}
+	}
+	if noSocket != 1000 || lost != 0 {
+		t.Errorf("NO_SOCKET counted %d times (lost %d), want the 1000 sent to B", noSocket, lost)
+	}
+	o, err := tr.Overhead()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Events < 1500 || o.Time <= 0 {
+		t.Errorf("overhead %+v: the program ran for every drop in both namespaces", o)
+	}
+}
+
+// send sends count datagrams to a closed port from an unconnected socket,
+// which ICMP port unreachables do not make fail.
+func send(t *testing.T, ns string, to net.IP, count int) {
+	c := testutil.Socket(t, ns, func() (net.Conn, error) { return net.ListenUDP("udp", nil) }).(*net.UDPConn)
+	for i := 0; i < count; i++ {
+		if _, err := c.WriteToUDP([]byte("x"), &net.UDPAddr{IP: to, Port: 7100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
