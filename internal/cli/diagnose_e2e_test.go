@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rampart-fw/rampart/internal/cli"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/diagnose"
 	"github.com/rampart-fw/rampart/internal/packet"
@@ -476,4 +477,36 @@ func TestDiagnoseRxRing(t *testing.T) {
 	moving(t, f, "link/lab-rx/rx_dropped")
 	finding(t, &r, "netfilter-drop")
 	noFinding(t, &r, "backlog-drops")
+}
+
+// TestDiagnoseWatch: one JSON report per interval until interrupted, each
+// over its own window, and an interrupt is a clean end.
+func TestDiagnoseWatch(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	var out, errb strings.Builder
+	load, stop := context.WithCancel(context.Background())
+	defer stop()
+	go flood(t, p.NsA, p.B4, 7011, 1)(load)
+	err := cli.Run(ctx, cli.Env{Stdout: &out, Stderr: &errb}, []string{"--netns", p.NsB, "diagnose", "--watch", "--json", "--duration", "300ms"})
+	if err != nil {
+		t.Fatalf("diagnose --watch: %v\n%s", err, errb.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) < 3 {
+		t.Fatalf("%d reports in 1.5 s at 300 ms intervals:\n%s", len(lines), out.String())
+	}
+	for i, l := range lines {
+		var r diagnose.Report
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("line %d: %v", i+1, err)
+		}
+		if r.Window < 0.25 || r.Window > 0.6 {
+			t.Errorf("report %d: window %.2f s, want about 0.3", i+1, r.Window)
+		}
+		f := finding(t, &r, "no-listener")
+		moving(t, f, "UdpNoPorts")
+	}
 }

@@ -115,12 +115,18 @@ func rxRing(w *window) []Finding {
 	backlog := total(w.matching(softnetDropped))
 	for _, l := range w.cur.Links {
 		name := "link/" + l.Name + "/rx_dropped"
-		stack := backlog
+		// softnet's dropped and CPU_BACKLOG count the same drops.
+		traced, unhandled := 0.0, 0.0
 		for _, d := range w.drops {
-			if d.Iface == l.Name && (d.Reason == "CPU_BACKLOG" || d.Reason == "UNHANDLED_PROTO") {
-				stack += d.Rate
+			switch {
+			case d.Iface != l.Name:
+			case d.Reason == "CPU_BACKLOG":
+				traced += d.Rate
+			case d.Reason == "UNHANDLED_PROTO":
+				unhandled += d.Rate
 			}
 		}
+		stack := max(backlog, traced) + unhandled
 		if l.Kind == "veth" && w.rates[name] > 1.05*stack {
 			e := w.moving(name)[0]
 			e.Detail = fmt.Sprintf("the stack explains %.0f/s of it (backlog, unhandled protocol)", stack)
