@@ -209,11 +209,12 @@ func TestDiagnoseQdiscDrops(t *testing.T) {
 	frame := packet.Frame{Src: netip.MustParseAddr(p.A4.String()), Dst: netip.MustParseAddr(p.B4.String()),
 		Proto: syscall.IPPROTO_UDP, Sport: 1, Dport: 7003, Payload: 500}.Bytes()
 	to := &syscall.SockaddrLinklayer{Ifindex: ifindex, Protocol: 0x0008}
-	r := diagnoseDuring(t, p.NsA, func(ctx context.Context) {
+	send := func(ctx context.Context) {
 		for ctx.Err() == nil {
 			syscall.Sendto(fd, frame, 0, to)
 		}
-	})
+	}
+	r := diagnoseDuring(t, p.NsA, send)
 	f := finding(t, r, "qdisc-drops")
 	moving(t, f, "qdisc/"+p.IfA+"/20:/drops")
 	moving(t, f, "drop_reason/QDISC_DROP")
@@ -221,6 +222,15 @@ func TestDiagnoseQdiscDrops(t *testing.T) {
 		t.Errorf("summary %q does not name the qdisc", f.Summary)
 	}
 	noFinding(t, r, "udp-sndbuf-qdisc")
+
+	// --iface keeps one interface's link, qdisc and driver counters.
+	r = diagnoseDuring(t, p.NsA, send, "--iface", "lo")
+	noFinding(t, r, "qdisc-drops")
+	for _, c := range r.Counters {
+		if strings.Contains(c.Name, p.IfA) {
+			t.Errorf("--iface lo shows %s", c.Name)
+		}
+	}
 }
 
 // TestDiagnoseConntrackFull fills the conntrack table with a flood of new
@@ -329,6 +339,7 @@ func TestDiagnoseXDPDrop(t *testing.T) {
 	if !strings.Contains(e.Detail, "xdp") {
 		t.Errorf("evidence %q does not say the rule runs at XDP", e.Detail)
 	}
+	moving(t, f, "ethtool/"+p.IfB+"/rx_queue_0_xdp_drops") // the driver's own count
 	noFinding(t, r, "no-listener")
 }
 
