@@ -48,7 +48,7 @@ with --json).`,
 			if os.Geteuid() == 0 {
 				opts.States, stateErr = g.states()
 			}
-			tracer, traceErr := startTracer(g.netns)
+			tracer, traceErr := diagnose.StartTracer(g.netns)
 			if traceErr != nil {
 				fmt.Fprintf(g.env.Stderr, "rampart: no drop reasons: %v\n", traceErr)
 			} else {
@@ -58,7 +58,7 @@ with --json).`,
 			if err != nil {
 				return err
 			}
-			drops, err := tracer.begin()
+			drops, err := tracer.Begin()
 			if err != nil {
 				return err
 			}
@@ -75,7 +75,7 @@ with --json).`,
 				if err != nil {
 					return err
 				}
-				if err := tracer.end(drops); err != nil {
+				if err := tracer.End(drops); err != nil {
 					return err
 				}
 				r := diagnose.Build(prev, cur, drops, all)
@@ -99,66 +99,6 @@ with --json).`,
 	c.Flags().StringVar(&iface, "iface", "", "only this interface's link, qdisc and driver counters")
 	c.Flags().IntVar(&top, "top", 10, "drop reasons shown in the table (--json has all)")
 	return c
-}
-
-// tracer wraps the drop tracer so that a missing one (no root, no BTF)
-// reads as no drops rather than as an error.
-type tracer struct {
-	t    *diagnose.Tracer
-	syms *diagnose.Symbols
-}
-
-func startTracer(netns string) (*tracer, error) {
-	ino, err := diagnose.NetnsInode(netns)
-	if err != nil {
-		return nil, err
-	}
-	t, err := diagnose.StartTracer(ino)
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Open("/proc/kallsyms")
-	if err != nil {
-		t.Close()
-		return nil, err
-	}
-	defer f.Close()
-	syms, err := diagnose.ReadSymbols(f)
-	if err != nil {
-		t.Close()
-		return nil, fmt.Errorf("/proc/kallsyms: %w", err)
-	}
-	return &tracer{t, syms}, nil
-}
-
-func (t *tracer) Close() { t.t.Close() }
-
-// begin reads the counts at the start of a window; nil without a tracer.
-func (t *tracer) begin() (*diagnose.Drops, error) {
-	if t == nil {
-		return nil, nil
-	}
-	counts, _, err := t.t.Counts()
-	if err != nil {
-		return nil, err
-	}
-	d := &diagnose.Drops{Before: counts, Reasons: t.t.Reasons, Symbols: t.syms}
-	d.Overhead0, _ = t.t.Overhead()
-	return d, nil
-}
-
-// end reads the counts at the end of the window into d.
-func (t *tracer) end(d *diagnose.Drops) error {
-	if t == nil {
-		return nil
-	}
-	counts, lost, err := t.t.Counts()
-	if err != nil {
-		return err
-	}
-	d.After, d.Lost = counts, lost
-	d.Overhead1, _ = t.t.Overhead()
-	return nil
 }
 
 func (g *globals) printDiagnosis(r *diagnose.Report, watch bool, top int) error {

@@ -257,18 +257,18 @@ func softnetSqueeze(w *window) []Finding {
 // was full.
 func conntrackFull(w *window) []Finding {
 	ev := w.moving("conntrack/drop", "conntrack/early_drop", "conntrack/insert_failed")
-	count, max_ := w.cur.Gauges["conntrack/count"], w.cur.Gauges["conntrack/max"]
-	if len(ev) == 0 && (max_ == 0 || count*100 < max_*95) {
+	count, limit := w.cur.Gauges["conntrack/count"], w.cur.Gauges["conntrack/max"]
+	if len(ev) == 0 && (limit == 0 || count*100 < limit*95) {
 		return nil
 	}
 	ev = append(ev, w.gauge("conntrack/count"), w.gauge("conntrack/max"))
 	ev = append(ev, w.reasons("NETFILTER_DROP")...)
 	return []Finding{{ID: "conntrack-full", Evidence: ev,
-		Summary: fmt.Sprintf("the conntrack table is full (%d of %d entries): new flows are dropped (%s)", count, max_, pps(w.rates["conntrack/drop"])),
+		Summary: fmt.Sprintf("the conntrack table is full (%d of %d entries): new flows are dropped (%s)", count, limit, pps(w.rates["conntrack/drop"])),
 		Fix:     "Do not track the flooded service: a flood of new flows fills any table. Exempt it in the raw table (or nft: notrack in a prerouting chain at priority raw). Or raise the table's size, and its hash with it.",
 		Commands: []string{"iptables -t raw -A PREROUTING -p udp --dport <port> -j CT --notrack",
-			fmt.Sprintf("sysctl -w net.netfilter.nf_conntrack_max=%d", 2*max(max_, 1)),
-			fmt.Sprintf("echo %d > /sys/module/nf_conntrack/parameters/hashsize", max(max_, 1)/2)}}}
+			fmt.Sprintf("sysctl -w net.netfilter.nf_conntrack_max=%d", 2*max(limit, 1)),
+			fmt.Sprintf("echo %d > /sys/module/nf_conntrack/parameters/hashsize", max(limit, 1)/2)}}}
 }
 
 // netfilterDrop: iptables rules (or chain policies) dropping, and

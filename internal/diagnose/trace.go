@@ -30,17 +30,31 @@ type Tracer struct {
 	link    link.Link
 	stats   io.Closer // nil when run-time statistics could not be enabled
 	Reasons map[uint32]string
+	symbols *Symbols
 }
 
 // ErrNeedRoot is returned when the kernel refuses the tracer for want of
 // privilege.
 var ErrNeedRoot = errors.New("drop reasons need root (CAP_BPF and CAP_PERFMON) to attach to the kfree_skb tracepoint; run rampart diagnose as root")
 
-// StartTracer attaches the tracer for the namespace whose nsfs inode is
-// netns.
-func StartTracer(netns uint32) (*Tracer, error) {
+// StartTracer attaches the tracer for a named network namespace ("" for
+// this process's).
+func StartTracer(netns string) (*Tracer, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNeedRoot
+	}
+	ino, err := NetnsInode(netns)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open("/proc/kallsyms")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	symbols, err := ReadSymbols(f)
+	if err != nil {
+		return nil, fmt.Errorf("/proc/kallsyms: %w", err)
 	}
 	kernel, err := btf.LoadKernelSpec()
 	if err != nil {
@@ -54,10 +68,10 @@ func StartTracer(netns uint32) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Variables["target_netns"].Set(netns); err != nil {
+	if err := spec.Variables["target_netns"].Set(ino); err != nil {
 		return nil, err
 	}
-	t := &Tracer{Reasons: reasons}
+	t := &Tracer{Reasons: reasons, symbols: symbols}
 	if err := spec.LoadAndAssign(&t.objs, &ebpf.CollectionOptions{Programs: ebpf.ProgramOptions{KernelTypes: kernel}}); err != nil {
 		if errors.Is(err, unix.EPERM) {
 			return nil, ErrNeedRoot
@@ -77,6 +91,35 @@ func StartTracer(netns uint32) (*Tracer, error) {
 	// diagnosis undone.
 	t.stats, _ = ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	return t, nil
+}
+
+// Begin reads the counts at the start of a window. A nil tracer (none
+// could be started) gives nil: no drop reasons.
+func (t *Tracer) Begin() (*Drops, error) {
+	if t == nil {
+		return nil, nil
+	}
+	counts, _, err := t.Counts()
+	if err != nil {
+		return nil, err
+	}
+	d := &Drops{Before: counts, Reasons: t.Reasons, Symbols: t.symbols}
+	d.Overhead0, _ = t.Overhead()
+	return d, nil
+}
+
+// End reads the counts at the end of the window into d.
+func (t *Tracer) End(d *Drops) error {
+	if t == nil {
+		return nil
+	}
+	counts, lost, err := t.Counts()
+	if err != nil {
+		return err
+	}
+	d.After, d.Lost = counts, lost
+	d.Overhead1, _ = t.Overhead()
+	return nil
 }
 
 // Close detaches the tracer and switches statistics back off.

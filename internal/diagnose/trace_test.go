@@ -14,11 +14,7 @@ import (
 func TestTracerCounts(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
-	ino, err := NetnsInode(p.NsB)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr, err := StartTracer(ino)
+	tr, err := StartTracer(p.NsB)
 	if err != nil {
 		t.Fatal(err)
 	}
