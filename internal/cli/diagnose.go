@@ -153,6 +153,9 @@ func (g *globals) printDiagnosis(r *diagnose.Report, watch bool, top int) error 
 		} else {
 			fmt.Fprintln(out, "Drop reasons (kfree_skb): none in this window.")
 		}
+		if r.Tracing.Lost > 0 {
+			fmt.Fprintf(out, "%d drops since the tracer started were not counted: its table of drop kinds is full.\n", r.Tracing.Lost)
+		}
 		fmt.Fprintf(out, "Tracer cost: %d events, %.0f ns each, %.3f%% of one CPU.\n\n", r.Tracing.Events, r.Tracing.NsPerEvent, r.Tracing.CPUPercent)
 	default:
 		fmt.Fprintf(out, "Drop reasons: not traced (%s).\n\n", r.Tracing.Error)

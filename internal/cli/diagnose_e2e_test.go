@@ -20,6 +20,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/cli"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/diagnose"
+	"github.com/rampart-fw/rampart/internal/lab"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -465,7 +466,7 @@ func TestDiagnoseRxRing(t *testing.T) {
 			"--window", "4s", "--repeats", "1", "--sources", "1000", "--out", t.TempDir())
 		done <- err
 	}()
-	prefix := fmt.Sprintf("rampart-lab-%d-", os.Getpid())
+	prefix := fmt.Sprintf("%s%d-", lab.NetnsPrefix, os.Getpid())
 	var ns string
 	for deadline := time.Now().Add(20 * time.Second); ns == "" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
 		entries, _ := os.ReadDir("/run/netns")

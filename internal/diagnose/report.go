@@ -74,6 +74,8 @@ func Build(prev, cur *Snapshot, drops *Drops, all bool) *Report {
 		}
 	}
 	for name, v := range cur.Gauges {
+		// A level shows when it changed or holds something; the table's
+		// size is configuration, quoted by conntrack-full when it matters.
 		if all || v != prev.Gauges[name] || (v > 0 && name != "conntrack/max") {
 			r.Counters = append(r.Counters, Counter{Name: name, Value: v, Gauge: true})
 		}
