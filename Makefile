@@ -1,13 +1,19 @@
 # rampart: the generated BPF objects are committed, so `build` needs Go only.
 GO ?= go
 
-.PHONY: build generate check-generated test lint deps
+.PHONY: build generate check-generated test lint
 
 build:
 	$(GO) build -o rampart ./cmd/rampart
 
-# Rebuilds internal/*/*_bpfel.{go,o} from bpf/ with clang.
+# The compiler the committed objects were built with: another version emits
+# other bytes, and check-generated would fail for no fault of bpf/.
+CLANG_VERSION := 19.1.7
+
+# Rebuilds internal/*/*_bpfel.{go,o} from bpf/ with the pinned clang.
 generate:
+	@clang-19 --version | grep -q "version $(CLANG_VERSION)" || \
+	  (echo "make generate needs clang $(CLANG_VERSION) (clang-19; scripts/setup.sh installs it)" >&2; exit 1)
 	$(GO) generate ./internal/...
 
 # Fails when the committed objects do not match bpf/.

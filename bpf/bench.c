@@ -54,7 +54,7 @@ SEC("xdp")
 int bench_parse(struct xdp_md *ctx)
 {
 	struct pkt p = {};
-	if (parse_frame((void *)(long)ctx->data, (void *)(long)ctx->data_end, &p) != PARSE_OK)
+	if (parse_xdp(ctx, &p, 1) != PARSE_OK)
 		return XDP_PASS;
 	return XDP_DROP;
 }
@@ -63,7 +63,7 @@ SEC("xdp")
 int bench_lookup(struct xdp_md *ctx)
 {
 	struct pkt p = {};
-	if (parse_frame((void *)(long)ctx->data, (void *)(long)ctx->data_end, &p) != PARSE_OK)
+	if (parse_xdp(ctx, &p, 1) != PARSE_OK)
 		return XDP_PASS;
 
 	__u32 r = bpf_get_prandom_u32();

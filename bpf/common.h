@@ -7,16 +7,20 @@
 #define MAX_RULES 256
 
 /* Counter slots: fixed slots first, then one per rule. */
-#define SLOT_MALFORMED 0
+#define SLOT_MALFORMED 0 /* IP frames whose L3 header is cut or invalid */
 #define SLOT_NON_IP 1
 #define SLOT_DEFAULT 2
-#define SLOT_RULE0 3
+#define SLOT_UNPARSED 3 /* IP frames whose verdict hangs on fields they do not carry */
+#define SLOT_RULE0 4
 #define NUM_SLOTS (SLOT_RULE0 + MAX_RULES)
 
-/* Headers beyond this many bytes from the frame start are not parsed: the
- * frame counts as malformed and is passed. Keeps the parser's offsets bounded
- * for the verifier and the tc path's pull small. */
-#define MAX_HDR_OFF 512
+/* VLAN tags the parser reads unrolled; more are walked in a loop. */
+#define VLAN_UNROLLED 2
+
+/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP, the TCP
+ * flags byte 13. */
+#define L4_PORTS 4
+#define L4_FLAGS 14
 
 enum action {
 	ACTION_PASS = 0,

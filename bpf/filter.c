@@ -10,8 +10,14 @@ char __license[] SEC("license") = "GPL";
 /* Set from Go through CollectionSpec.Variables before load. */
 volatile const __u32 rule_count = 0;
 volatile const __u8 default_action = ACTION_PASS;
+/* For a frame whose verdict hangs on fields it does not carry. */
+volatile const __u8 unparsed_action = ACTION_DROP;
+/* For a malformed frame: the verdict every rule and the default agree on,
+ * else unparsed_action (the compiler works it out). */
+volatile const __u8 malformed_action = ACTION_DROP;
 volatile const __u8 need_src_lookup = 0;
 volatile const __u8 need_dst_lookup = 0;
+volatile const __u8 need_l4 = 0; /* some rule looks at the protocol, ports or flags */
 volatile const struct rule rules[MAX_RULES];
 
 struct {
@@ -26,6 +32,13 @@ struct match_ctx {
 	__u64 src_mask;
 	__u64 dst_mask;
 	__u32 slot;
+	__u8 maybe; /* bit per action of the rules that might have matched */
+};
+
+enum match_result {
+	NO_MATCH = 0,
+	MATCH = 1,
+	MATCH_UNKNOWN = 2, /* every field read matches; one the frame lacks decides */
 };
 
 static __always_inline int rule_matches(const volatile struct rule *r, struct match_ctx *m)
@@ -34,34 +47,50 @@ static __always_inline int rule_matches(const volatile struct rule *r, struct ma
 	__u32 f = r->match;
 
 	if ((f & MATCH_IPV4) && p->family != 4)
-		return 0;
+		return NO_MATCH;
 	if ((f & MATCH_IPV6) && p->family != 6)
-		return 0;
+		return NO_MATCH;
 	if ((f & MATCH_SRC) && !(m->src_mask & r->src_lists))
-		return 0;
+		return NO_MATCH;
 	if ((f & MATCH_DST) && !(m->dst_mask & r->dst_lists))
-		return 0;
-	if ((f & MATCH_PROTO) && p->proto != r->proto)
-		return 0;
+		return NO_MATCH;
 	if ((f & MATCH_LENGTH) && (p->len < r->len_lo || p->len > r->len_hi))
-		return 0;
+		return NO_MATCH;
+	if (f & MATCH_PROTO) {
+		if (p->l4 == L4_UNKNOWN)
+			return MATCH_UNKNOWN;
+		if (p->proto != r->proto)
+			return NO_MATCH;
+	}
 	if (f & (MATCH_SPORT | MATCH_DPORT | MATCH_TCP_FLAGS)) {
-		if (!p->has_ports)
-			return 0;
-		if ((f & MATCH_SPORT) && (p->sport < r->sport_lo || p->sport > r->sport_hi))
-			return 0;
-		if ((f & MATCH_DPORT) && (p->dport < r->dport_lo || p->dport > r->dport_hi))
-			return 0;
+		/* A non-first fragment has no ports: its datagram was judged by
+		 * its first fragment. */
+		if (p->l4 == L4_NONE)
+			return NO_MATCH;
+		if (p->l4 == L4_UNKNOWN)
+			return MATCH_UNKNOWN;
+		if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
+			return NO_MATCH;
+		if ((f & MATCH_TCP_FLAGS) && p->proto != IPPROTO_TCP)
+			return NO_MATCH;
+		if (f & (MATCH_SPORT | MATCH_DPORT)) {
+			if (p->l4_len < L4_PORTS)
+				return MATCH_UNKNOWN;
+			if ((f & MATCH_SPORT) && (p->sport < r->sport_lo || p->sport > r->sport_hi))
+				return NO_MATCH;
+			if ((f & MATCH_DPORT) && (p->dport < r->dport_lo || p->dport > r->dport_hi))
+				return NO_MATCH;
+		}
 		if (f & MATCH_TCP_FLAGS) {
-			if (p->proto != IPPROTO_TCP)
-				return 0;
+			if (p->l4_len < L4_FLAGS)
+				return MATCH_UNKNOWN;
 			if ((p->tcp_flags & r->flags_set) != r->flags_set)
-				return 0;
+				return NO_MATCH;
 			if (p->tcp_flags & r->flags_clear)
-				return 0;
+				return NO_MATCH;
 		}
 	}
-	return 1;
+	return MATCH;
 }
 
 /* bpf_loop callback: the verifier checks the body once, not once per rule. */
@@ -70,10 +99,13 @@ static long match_one(__u32 i, void *arg)
 	struct match_ctx *m = arg;
 	if (i >= MAX_RULES)
 		return 1;
-	if (rule_matches(&rules[i], m)) {
+	int res = rule_matches(&rules[i], m);
+	if (res == MATCH) {
 		m->slot = SLOT_RULE0 + i;
 		return 1;
 	}
+	if (res == MATCH_UNKNOWN)
+		m->maybe |= 1 << (rules[i].action & 1);
 	return 0;
 }
 
@@ -86,12 +118,19 @@ static __always_inline void count(__u32 slot, __u64 bytes)
 	}
 }
 
-/* Returns the action for a frame and counts it in exactly one slot. */
-static __always_inline int decide(void *data, void *data_end, __u64 bytes, int parsed, struct pkt *p)
+/* Returns the action for a frame and counts it in exactly one slot. A frame
+ * takes the verdict the first matching rule (or the default) gives, unless
+ * an earlier rule that might have matched, had the frame carried the fields
+ * it needs, would have given another: then the frame is unparsed. */
+static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p)
 {
-	if (parsed != PARSE_OK) {
-		count(parsed == PARSE_NON_IP ? SLOT_NON_IP : SLOT_MALFORMED, bytes);
+	if (parsed == PARSE_NON_IP) {
+		count(SLOT_NON_IP, bytes);
 		return ACTION_PASS;
+	}
+	if (parsed != PARSE_OK) {
+		count(SLOT_MALFORMED, bytes);
+		return malformed_action;
 	}
 
 	struct match_ctx m = {.p = p, .slot = SLOT_DEFAULT};
@@ -101,25 +140,29 @@ static __always_inline int decide(void *data, void *data_end, __u64 bytes, int p
 		m.dst_mask = list_membership(p->family, p->daddr);
 
 	bpf_loop(rule_count, match_one, &m, 0);
-	count(m.slot, bytes);
 
-	if (m.slot == SLOT_DEFAULT)
-		return default_action;
-	__u32 i = m.slot - SLOT_RULE0;
-	if (i >= MAX_RULES)
-		return ACTION_PASS;
-	return rules[i].action;
+	__u8 act = default_action;
+	if (m.slot != SLOT_DEFAULT) {
+		__u32 i = m.slot - SLOT_RULE0;
+		if (i >= MAX_RULES)
+			return ACTION_PASS;
+		act = rules[i].action & 1;
+	}
+	if (m.maybe & ~(1 << act)) {
+		m.slot = SLOT_UNPARSED;
+		act = unparsed_action;
+	}
+	count(m.slot, bytes);
+	return act;
 }
 
 SEC("xdp")
 int rampart_xdp(struct xdp_md *ctx)
 {
-	void *data = (void *)(long)ctx->data;
-	void *data_end = (void *)(long)ctx->data_end;
 	struct pkt p = {};
-	int parsed = parse_frame(data, data_end, &p);
-	int act = decide(data, data_end, data_end - data, parsed, &p);
-	return act == ACTION_DROP ? XDP_DROP : XDP_PASS;
+	int parsed = parse_xdp(ctx, &p, need_l4);
+	__u32 bytes = ctx->data_end - ctx->data;
+	return decide(bytes, parsed, &p) == ACTION_DROP ? XDP_DROP : XDP_PASS;
 }
 
 /* tcx return codes; TCX_NEXT lets programs attached after ours run. */
@@ -129,22 +172,7 @@ int rampart_xdp(struct xdp_md *ctx)
 SEC("tc")
 int rampart_tc(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
 	struct pkt p = {};
-	int parsed = parse_frame(data, data_end, &p);
-
-	/* Headers outside the linear area: pull them in and parse again. */
-	if (parsed == PARSE_MALFORMED && skb->len > data_end - data) {
-		__u32 want = skb->len < MAX_HDR_OFF + 64 ? skb->len : MAX_HDR_OFF + 64;
-		if (bpf_skb_pull_data(skb, want) == 0) {
-			data = (void *)(long)skb->data;
-			data_end = (void *)(long)skb->data_end;
-			__builtin_memset(&p, 0, sizeof(p));
-			parsed = parse_frame(data, data_end, &p);
-		}
-	}
-
-	int act = decide(data, data_end, skb->len, parsed, &p);
-	return act == ACTION_DROP ? TCX_DROP : TCX_NEXT;
+	int parsed = parse_skb(skb, &p, need_l4);
+	return decide(skb->len, parsed, &p) == ACTION_DROP ? TCX_DROP : TCX_NEXT;
 }

@@ -137,7 +137,8 @@ func (g *globals) apply(pol *policy.Policy, ifaces []string, mode datapath.Mode,
 	}
 	defer objs.Close()
 
-	meta := datapath.State{PolicyFile: absPath(pol.File), PolicyHash: img.Hash(), Default: pol.Default.String(), Lists: img.Lists}
+	meta := datapath.State{PolicyFile: absPath(pol.File), PolicyHash: img.Hash(), Default: pol.Default.String(),
+		Unparsed: pol.Unparsed.String(), Malformed: pol.MalformedAction().String(), Lists: img.Lists}
 	for _, r := range pol.Rules {
 		meta.Rules = append(meta.Rules, datapath.RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
 	}

@@ -20,9 +20,10 @@ func Build(pol *policy.Policy) *datapath.Image {
 		return b
 	}
 
-	img := &datapath.Image{DefaultAction: action(pol.Default)}
+	img := &datapath.Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction())}
 	for _, r := range pol.Rules {
 		cr := datapath.Rule{Action: action(r.Action)}
+		img.NeedL4 = img.NeedL4 || r.NeedsL4()
 		for _, n := range r.Src {
 			cr.SrcLists |= bit(n)
 			cr.Match |= datapath.MatchSrc

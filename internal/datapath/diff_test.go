@@ -1,6 +1,7 @@
 package datapath_test
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -185,7 +186,10 @@ func randomFrame(rng *rand.Rand) []byte {
 		Payload:  rng.IntN(160),
 	}
 	if rng.IntN(5) == 0 {
-		f.VLANs = []uint16{uint16(rng.IntN(4096)), uint16(rng.IntN(4096))}[:1+rng.IntN(2)]
+		f.VLANs = make([]uint16, 1+rng.IntN(2))
+		if rng.IntN(4) == 0 {
+			f.VLANs = make([]uint16, 3+rng.IntN(12)) // stacks the kernel strips one by one
+		}
 	}
 	if rng.IntN(8) == 0 {
 		f.EtherType = []uint16{0x0806, 0x88cc, 0x8100}[rng.IntN(3)]
@@ -199,7 +203,11 @@ func randomFrame(rng *rand.Rand) []byte {
 		f.IPOptions = make([]byte, 4*rng.IntN(11))
 	}
 	if v6 && rng.IntN(4) == 0 {
-		for i := 0; i < rng.IntN(10); i++ {
+		n := rng.IntN(10)
+		if rng.IntN(4) == 0 {
+			n = 10 + rng.IntN(60) // chains no fixed cut may stop
+		}
+		for i := 0; i < n; i++ {
 			typ := []uint8{0, 43, 60, 51, 60}[rng.IntN(5)]
 			n := 8 * (1 + rng.IntN(4))
 			if typ == 51 {
@@ -209,13 +217,28 @@ func randomFrame(rng *rand.Rand) []byte {
 		}
 	}
 	b := f.Bytes()
-	switch rng.IntN(6) {
+	l3 := 14 + 4*len(f.VLANs)
+	switch rng.IntN(8) {
 	case 0: // flip a few bytes anywhere
 		for i := 0; i < 1+rng.IntN(4); i++ {
 			b[rng.IntN(len(b))] = byte(rng.UintN(256))
 		}
 	case 1: // truncate
 		b = b[:14+rng.IntN(len(b)-13)]
+	case 2: // lie about the lengths: IHL, total length, payload length
+		if len(b) > l3+6 && f.EtherType == 0 {
+			if v6 {
+				binary.BigEndian.PutUint16(b[l3+4:], uint16(rng.IntN(len(b))))
+			} else if rng.IntN(2) == 0 {
+				b[l3] = 0x40 | byte(rng.IntN(16))
+			} else {
+				binary.BigEndian.PutUint16(b[l3+2:], uint16(rng.IntN(len(b))))
+			}
+		}
+	case 3: // a header of the chain claims another length
+		if v6 && len(f.Ext) > 0 && len(b) > l3+42 {
+			b[l3+41] = byte(rng.IntN(256))
+		}
 	}
 	return b
 }

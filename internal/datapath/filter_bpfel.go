@@ -77,25 +77,28 @@ type filterV4Tbl8 struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	filterMapCounters      = "counters"
-	filterMapOverlayV4     = "overlay_v4"
-	filterMapOverlayV6     = "overlay_v6"
-	filterMapV4Bitmaps     = "v4_bitmaps"
-	filterMapV4Classes     = "v4_classes"
-	filterMapV4Present     = "v4_present"
-	filterMapV4Rank        = "v4_rank"
-	filterMapV4Tbl24       = "v4_tbl24"
-	filterMapV4Tbl8s       = "v4_tbl8s"
-	filterMapV6Prefixes    = "v6_prefixes"
-	filterProgRampartTc    = "rampart_tc"
-	filterProgRampartXdp   = "rampart_xdp"
-	filterVarDefaultAction = "default_action"
-	filterVarNeedDstLookup = "need_dst_lookup"
-	filterVarNeedSrcLookup = "need_src_lookup"
-	filterVarRuleCount     = "rule_count"
-	filterVarRules         = "rules"
-	filterVarV6LenCount    = "v6_len_count"
-	filterVarV6Lens        = "v6_lens"
+	filterMapCounters        = "counters"
+	filterMapOverlayV4       = "overlay_v4"
+	filterMapOverlayV6       = "overlay_v6"
+	filterMapV4Bitmaps       = "v4_bitmaps"
+	filterMapV4Classes       = "v4_classes"
+	filterMapV4Present       = "v4_present"
+	filterMapV4Rank          = "v4_rank"
+	filterMapV4Tbl24         = "v4_tbl24"
+	filterMapV4Tbl8s         = "v4_tbl8s"
+	filterMapV6Prefixes      = "v6_prefixes"
+	filterProgRampartTc      = "rampart_tc"
+	filterProgRampartXdp     = "rampart_xdp"
+	filterVarDefaultAction   = "default_action"
+	filterVarMalformedAction = "malformed_action"
+	filterVarNeedDstLookup   = "need_dst_lookup"
+	filterVarNeedL4          = "need_l4"
+	filterVarNeedSrcLookup   = "need_src_lookup"
+	filterVarRuleCount       = "rule_count"
+	filterVarRules           = "rules"
+	filterVarUnparsedAction  = "unparsed_action"
+	filterVarV6LenCount      = "v6_len_count"
+	filterVarV6Lens          = "v6_lens"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -164,13 +167,16 @@ type filterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterVariableSpecs struct {
-	DefaultAction *ebpf.VariableSpec `ebpf:"default_action"`
-	NeedDstLookup *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
-	NeedSrcLookup *ebpf.VariableSpec `ebpf:"need_src_lookup"`
-	RuleCount     *ebpf.VariableSpec `ebpf:"rule_count"`
-	Rules         *ebpf.VariableSpec `ebpf:"rules"`
-	V6LenCount    *ebpf.VariableSpec `ebpf:"v6_len_count"`
-	V6Lens        *ebpf.VariableSpec `ebpf:"v6_lens"`
+	DefaultAction   *ebpf.VariableSpec `ebpf:"default_action"`
+	MalformedAction *ebpf.VariableSpec `ebpf:"malformed_action"`
+	NeedDstLookup   *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
+	NeedL4          *ebpf.VariableSpec `ebpf:"need_l4"`
+	NeedSrcLookup   *ebpf.VariableSpec `ebpf:"need_src_lookup"`
+	RuleCount       *ebpf.VariableSpec `ebpf:"rule_count"`
+	Rules           *ebpf.VariableSpec `ebpf:"rules"`
+	UnparsedAction  *ebpf.VariableSpec `ebpf:"unparsed_action"`
+	V6LenCount      *ebpf.VariableSpec `ebpf:"v6_len_count"`
+	V6Lens          *ebpf.VariableSpec `ebpf:"v6_lens"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -224,13 +230,16 @@ func (m *filterMaps) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterVariables struct {
-	DefaultAction *ebpf.Variable `ebpf:"default_action"`
-	NeedDstLookup *ebpf.Variable `ebpf:"need_dst_lookup"`
-	NeedSrcLookup *ebpf.Variable `ebpf:"need_src_lookup"`
-	RuleCount     *ebpf.Variable `ebpf:"rule_count"`
-	Rules         *ebpf.Variable `ebpf:"rules"`
-	V6LenCount    *ebpf.Variable `ebpf:"v6_len_count"`
-	V6Lens        *ebpf.Variable `ebpf:"v6_lens"`
+	DefaultAction   *ebpf.Variable `ebpf:"default_action"`
+	MalformedAction *ebpf.Variable `ebpf:"malformed_action"`
+	NeedDstLookup   *ebpf.Variable `ebpf:"need_dst_lookup"`
+	NeedL4          *ebpf.Variable `ebpf:"need_l4"`
+	NeedSrcLookup   *ebpf.Variable `ebpf:"need_src_lookup"`
+	RuleCount       *ebpf.Variable `ebpf:"rule_count"`
+	Rules           *ebpf.Variable `ebpf:"rules"`
+	UnparsedAction  *ebpf.Variable `ebpf:"unparsed_action"`
+	V6LenCount      *ebpf.Variable `ebpf:"v6_len_count"`
+	V6Lens          *ebpf.Variable `ebpf:"v6_lens"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

@@ -10,10 +10,13 @@ import (
 // array and the contents of the prefix-list maps. internal/compile builds it;
 // Load turns it into a program and maps.
 type Image struct {
-	Rules         []Rule
-	DefaultAction uint8
-	NeedSrc       bool // some rule matches a source list
-	NeedDst       bool
+	Rules           []Rule
+	DefaultAction   uint8
+	UnparsedAction  uint8 // for frames whose verdict hangs on fields they lack
+	MalformedAction uint8 // for frames whose L3 header is cut or invalid
+	NeedSrc         bool  // some rule matches a source list
+	NeedDst         bool
+	NeedL4          bool // some rule looks at the protocol, ports or flags
 	// Lists gives each list the rules refer to its bit in the masks.
 	Lists map[string]uint64
 	Tables
@@ -62,7 +65,8 @@ const (
 	SlotMalformed = 0
 	SlotNonIP     = 1
 	SlotDefault   = 2
-	SlotRule0     = 3
+	SlotUnparsed  = 3
+	SlotRule0     = 4
 	NumSlots      = SlotRule0 + MaxRules
 
 	ActionPass = 0
@@ -89,7 +93,7 @@ const (
 func (img *Image) Hash() string {
 	h := sha256.New()
 	binary.Write(h, binary.LittleEndian, img.Rules)
-	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, boolByte(img.NeedSrc), boolByte(img.NeedDst)})
+	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction, boolByte(img.NeedSrc), boolByte(img.NeedDst), boolByte(img.NeedL4)})
 	t := &img.Tables
 	for _, part := range []any{t.V4Present, t.V4Rank, t.V4Tbl24, t.V4Bitmaps, t.V4Tbl8s, t.V4Classes, t.V6, t.V6Lens} {
 		binary.Write(h, binary.LittleEndian, part)

@@ -66,11 +66,14 @@ func Load(img *Image) (*Objects, error) {
 	var rules [MaxRules]Rule
 	copy(rules[:], img.Rules)
 	for name, v := range map[string]any{
-		"rules":           rules,
-		"rule_count":      uint32(len(img.Rules)),
-		"default_action":  img.DefaultAction,
-		"need_src_lookup": boolByte(img.NeedSrc),
-		"need_dst_lookup": boolByte(img.NeedDst),
+		"rules":            rules,
+		"rule_count":       uint32(len(img.Rules)),
+		"default_action":   img.DefaultAction,
+		"unparsed_action":  img.UnparsedAction,
+		"malformed_action": img.MalformedAction,
+		"need_src_lookup":  boolByte(img.NeedSrc),
+		"need_dst_lookup":  boolByte(img.NeedDst),
+		"need_l4":          boolByte(img.NeedL4),
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return nil, fmt.Errorf("set %s: %w", name, err)

@@ -98,6 +98,8 @@ func expectedSlot(v policy.Verdict) int {
 		return datapath.SlotMalformed
 	case v.Class == policy.ClassNonIP:
 		return datapath.SlotNonIP
+	case v.Unparsed:
+		return datapath.SlotUnparsed
 	case v.Rule < 0:
 		return datapath.SlotDefault
 	}

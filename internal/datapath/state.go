@@ -49,6 +49,8 @@ type State struct {
 	AppliedAt  time.Time  `json:"applied_at"`
 	Rules      []RuleInfo `json:"rules"`
 	Default    string     `json:"default"`
+	Unparsed   string     `json:"unparsed"`  // the action for unparsed frames
+	Malformed  string     `json:"malformed"` // the action for malformed frames
 	// Lists maps the name of each list the rules use to its bit in the
 	// tables, for in-place changes.
 	Lists map[string]uint64 `json:"lists,omitempty"`

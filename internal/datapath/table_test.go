@@ -78,7 +78,7 @@ func tableCases() []tcase {
 		{"vlan", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{100} }), drop, slotDropBad},
 		{"qinq", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{100, 200} }), drop, slotDropBad},
 		{"qinq v6", with(v6("2001:db8:bad::1", "2001:db8::2"), func(f *packet.Frame) { f.VLANs = []uint16{100, 200} }), drop, slotDropBad},
-		{"three tags", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{1, 2, 3} }), pass, datapath.SlotMalformed},
+		{"three tags", with(v4("198.51.100.1", "10.0.0.2"), func(f *packet.Frame) { f.VLANs = []uint16{1, 2, 3} }), drop, slotDropBad},
 		{"arp", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.EtherType = 0x0806 }), pass, datapath.SlotNonIP},
 		{"arp in vlan", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.EtherType = 0x0806; f.VLANs = []uint16{5} }), pass, datapath.SlotNonIP},
 		{"ipv4 options", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) { f.IPOptions = make([]byte, 40); f.Dport = 40005 }), drop, slotUDPHigh},
@@ -98,12 +98,13 @@ func tableCases() []tcase {
 			f.Ext = []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8)}
 			f.Fragment, f.Dport = true, 40001
 		}), drop, slotUDPHigh},
-		{"v6 chain of 9 is malformed", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) {
+		{"v6 chain of 9 then l4", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) {
 			f.Ext = []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8), packet.Ext(60, 8)}
-		}), pass, datapath.SlotMalformed},
-		{"v6 headers past 512 bytes", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Ext = []packet.ExtHdr{packet.Ext(60, 2048)} }), pass, datapath.SlotMalformed},
-		{"bad ip version", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) {}), pass, datapath.SlotMalformed},
-		{"ihl below 5", nil, pass, datapath.SlotMalformed},
+			f.Dport = 40001
+		}), drop, slotUDPHigh},
+		{"v6 headers past 512 bytes", with(v6("2001:db8::1", "2001:db8::2"), func(f *packet.Frame) { f.Ext = []packet.ExtHdr{packet.Ext(60, 2048)}; f.Dport = 40001 }), drop, slotUDPHigh},
+		{"bad ip version", with(v4("10.0.0.1", "10.0.0.2"), func(f *packet.Frame) {}), drop, datapath.SlotMalformed},
+		{"ihl below 5", nil, drop, datapath.SlotMalformed},
 	}
 	// An IPv4 header with version 6 in an IPv4 ethertype.
 	cases[len(cases)-2].frame[14] = 0x65

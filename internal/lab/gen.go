@@ -3,4 +3,4 @@
 // measurement, and the report with its charts.
 package lab
 
-//go:generate go tool bpf2go -tags linux -target bpfel -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu" lab ../../bpf/lab.c -- -I../../bpf
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -tags linux -target bpfel -cflags "-O2 -g -Wall -Werror -I../../bpf/include" lab ../../bpf/lab.c -- -I../../bpf

@@ -25,7 +25,8 @@ type Frame struct {
 	Sport     uint16
 	Dport     uint16
 	TCPFlags  uint8
-	Payload   int // payload bytes after the L4 header
+	Data      []byte // payload bytes after the L4 header
+	Payload   int    // zero bytes after Data
 }
 
 // ExtHdr is one IPv6 extension header: its type and total length in bytes
@@ -100,6 +101,9 @@ func (f Frame) Bytes() []byte {
 			binary.BigEndian.PutUint16(h[2:], fo)
 		case 51:
 			h[1] = byte(hdrs[i].Len/4 - 2)
+		case 0, 60:
+			h[1] = byte(hdrs[i].Len/8 - 1)
+			fillOptions(h[2:])
 		default:
 			h[1] = byte(hdrs[i].Len/8 - 1)
 		}
@@ -128,10 +132,13 @@ func (f Frame) l4() []byte {
 		h[13] = f.TCPFlags
 	case 17:
 		h = make([]byte, 8)
-		binary.BigEndian.PutUint16(h[4:], uint16(8+f.Payload))
-	case 1, 58:
+		binary.BigEndian.PutUint16(h[4:], uint16(8+len(f.Data)+f.Payload))
+	case 1:
 		h = make([]byte, 8)
-		h[0] = 8
+		h[0] = 8 // echo request
+	case 58:
+		h = make([]byte, 8)
+		h[0] = 128 // echo request
 	}
 	if f.Proto == 6 || f.Proto == 17 {
 		binary.BigEndian.PutUint16(h[0:], f.Sport)
@@ -140,14 +147,19 @@ func (f Frame) l4() []byte {
 	if f.FragOff != 0 {
 		h = nil // a non-first fragment carries payload only
 	}
-	return append(h, make([]byte, f.Payload)...)
+	return append(append(h, f.Data...), make([]byte, f.Payload)...)
 }
 
-// fillChecksum sets a TCP or UDP header's checksum over the pseudo-header
-// (RFC 768, RFC 8200 section 8.1); fragments carry none of their own.
+// fillChecksum sets a TCP, UDP, ICMP or ICMPv6 checksum, over the
+// pseudo-header but for ICMP (RFC 768, RFC 792, RFC 8200 section 8.1);
+// fragments carry none of their own.
 func (f Frame) fillChecksum(l4 []byte) {
-	off := map[uint8]int{6: 16, 17: 6}[f.Proto]
+	off := map[uint8]int{6: 16, 17: 6, 1: 2, 58: 2}[f.Proto]
 	if off == 0 || f.FragOff != 0 || f.MoreFrags || len(l4) < off+2 {
+		return
+	}
+	if f.Proto == 1 {
+		binary.BigEndian.PutUint16(l4[off:], Checksum(l4))
 		return
 	}
 	pseudo := append(f.Src.AsSlice(), f.Dst.AsSlice()...)
@@ -185,6 +197,32 @@ func macOr(m net.HardwareAddr, last byte) []byte {
 		return m
 	}
 	return []byte{0x02, 0, 0, 0, 0, last}
+}
+
+// fillOptions fills the option area of a hop-by-hop or destination-options
+// header with options the kernel accepts: it refuses more than 7 bytes of
+// padding in a row and more than 8 options (net.ipv6.max_*_opts_number), so
+// long areas carry options of type 0x1e (experimental; "skip if unknown").
+func fillOptions(b []byte) {
+	for len(b) > 0 {
+		n := len(b)
+		switch {
+		case n == 1:
+			b[0] = 0 // Pad1
+			return
+		case n <= 7:
+			b[0], b[1] = 1, byte(n-2) // PadN
+			clear(b[2:])
+			return
+		}
+		n = min(n, 257)
+		if len(b)-n == 1 {
+			n -= 2 // leave a PadN, not a lone Pad1 after a full option
+		}
+		b[0], b[1] = 0x1e, byte(n-2)
+		clear(b[2:n])
+		b = b[n:]
+	}
 }
 
 // Ext is an extension header of type typ and n bytes.

@@ -6,22 +6,69 @@ import "net/netip"
 type Verdict struct {
 	Action Action
 	Class  Class
-	Rule   int // index of the matching rule, -1 for the default or an unparsed frame
+	// Rule is the index of the matching rule; -1 for the default, a
+	// malformed or non-IP frame, and an unparsed one.
+	Rule int
+	// Unparsed: the verdict hung on fields the frame does not carry, and
+	// the policy's Unparsed action decided it.
+	Unparsed bool
 }
 
-// Eval decides a frame the way the data plane must: unparsed frames pass,
-// otherwise the first matching rule wins and the default ends the list.
+// match is a rule's answer for one packet.
+type match int
+
+const (
+	noMatch match = iota
+	matched
+	// matchUnknown: every field the packet carries matches, and one it does
+	// not carry (a cut L4 header, a protocol behind an IPv6 chain that
+	// leaves the datagram) decides.
+	matchUnknown
+)
+
+// Eval decides a frame the way the data plane must. Non-IP frames pass. An
+// IP frame takes the action of the first matching rule, or the default,
+// unless an earlier rule that might have matched had the frame carried the
+// fields it needs would have acted otherwise: then the verdict hangs on what
+// the frame lacks, and Unparsed decides. A malformed frame could be read as
+// anything: it takes the action every rule and the default agree on, else
+// Unparsed's.
 func (pol *Policy) Eval(frame []byte) Verdict {
 	p, class := ParseFrame(frame)
-	if class != ClassIP {
+	switch class {
+	case ClassNonIP:
 		return Verdict{Action: Pass, Class: class, Rule: -1}
+	case ClassMalformed:
+		return Verdict{Action: pol.MalformedAction(), Class: class, Rule: -1}
 	}
+	var maybe [2]bool // per action: an earlier rule might have given it
+	v := Verdict{Action: pol.Default, Class: ClassIP, Rule: -1}
 	for i := range pol.Rules {
-		if pol.matches(&pol.Rules[i], &p) {
-			return Verdict{Action: pol.Rules[i].Action, Class: ClassIP, Rule: i}
+		r := &pol.Rules[i]
+		m := pol.match(r, &p)
+		if m == matchUnknown {
+			maybe[r.Action] = true
+		}
+		if m == matched {
+			v.Action, v.Rule = r.Action, i
+			break
 		}
 	}
-	return Verdict{Action: pol.Default, Class: ClassIP, Rule: -1}
+	if maybe[1-v.Action] {
+		return Verdict{Action: pol.Unparsed, Class: ClassIP, Rule: -1, Unparsed: true}
+	}
+	return v
+}
+
+// MalformedAction is the verdict for a frame nothing can be read of: the
+// action every rule and the default share, or Unparsed when they differ.
+func (pol *Policy) MalformedAction() Action {
+	for _, r := range pol.Rules {
+		if r.Action != pol.Default {
+			return pol.Unparsed
+		}
+	}
+	return pol.Default
 }
 
 func (pol *Policy) inAny(names []string, addr netip.Addr) bool {
@@ -33,35 +80,64 @@ func (pol *Policy) inAny(names []string, addr netip.Addr) bool {
 	return false
 }
 
-func (pol *Policy) matches(r *Rule, p *Packet) bool {
+func (pol *Policy) match(r *Rule, p *Packet) match {
 	if r.Family == 4 && p.IsIPv6 || r.Family == 6 && !p.IsIPv6 {
-		return false
+		return noMatch
 	}
 	if len(r.Src) > 0 && !pol.inAny(r.Src, p.Src) {
-		return false
+		return noMatch
 	}
 	if len(r.Dst) > 0 && !pol.inAny(r.Dst, p.Dst) {
-		return false
-	}
-	if r.Proto >= 0 && p.Proto != r.Proto {
-		return false
+		return noMatch
 	}
 	if r.Length != nil && (p.Len < int(r.Length.Lo) || p.Len > int(r.Length.Hi)) {
-		return false
+		return noMatch
 	}
-	if r.Sport != nil || r.Dport != nil || r.HasFlags {
-		if !p.HasPorts {
-			return false
+	if r.Proto >= 0 {
+		if p.L4 == L4Unknown {
+			return matchUnknown
 		}
-		if r.Sport != nil && (p.Sport < r.Sport.Lo || p.Sport > r.Sport.Hi) {
-			return false
-		}
-		if r.Dport != nil && (p.Dport < r.Dport.Lo || p.Dport > r.Dport.Hi) {
-			return false
-		}
-		if r.HasFlags && (p.Proto != protoTCP || p.TCPFlags&r.FlagsOn != r.FlagsOn || p.TCPFlags&r.FlagsOff != 0) {
-			return false
+		if p.Proto != r.Proto {
+			return noMatch
 		}
 	}
-	return true
+	if r.NeedsL4Header() {
+		switch {
+		case p.L4 == L4None:
+			return noMatch
+		case p.L4 == L4Unknown:
+			return matchUnknown
+		case p.Proto != protoTCP && p.Proto != protoUDP:
+			return noMatch
+		case r.HasFlags && p.Proto != protoTCP:
+			return noMatch
+		}
+		if r.Sport != nil || r.Dport != nil {
+			switch {
+			case p.L4Len < l4Ports:
+				return matchUnknown
+			case r.Sport != nil && (p.Sport < r.Sport.Lo || p.Sport > r.Sport.Hi):
+				return noMatch
+			case r.Dport != nil && (p.Dport < r.Dport.Lo || p.Dport > r.Dport.Hi):
+				return noMatch
+			}
+		}
+		if r.HasFlags {
+			switch {
+			case p.L4Len < l4Flags:
+				return matchUnknown
+			case p.TCPFlags&r.FlagsOn != r.FlagsOn || p.TCPFlags&r.FlagsOff != 0:
+				return noMatch
+			}
+		}
+	}
+	return matched
 }
+
+// NeedsL4Header reports whether the rule reads the L4 header: ports or TCP
+// flags.
+func (r *Rule) NeedsL4Header() bool { return r.Sport != nil || r.Dport != nil || r.HasFlags }
+
+// NeedsL4 reports whether the rule looks past the L3 header: at the
+// protocol, ports or flags.
+func (r *Rule) NeedsL4() bool { return r.Proto >= 0 || r.NeedsL4Header() }

@@ -7,31 +7,50 @@ import (
 
 // Frame parsing mirrors bpf/parse.h rule for rule; the differential tests
 // hold the two together. A hand-written parser rather than gopacket because
-// the oracle must classify malformed frames exactly as the BPF side does.
+// the oracle must classify cut and invalid frames exactly as the BPF side
+// does.
 
-// MaxHeaderOffset: headers beyond it are not parsed (the frame is malformed).
-const MaxHeaderOffset = 512
-
-const ipv6MaxExtHeaders = 8
+// L4 header bytes a rule needs: TCP and UDP ports are bytes 0-3, the TCP
+// flags byte 13.
+const (
+	l4Ports = 4
+	l4Flags = 14
+)
 
 // Class says how far a frame was understood.
 type Class int
 
 const (
-	ClassIP Class = iota
-	ClassNonIP
-	ClassMalformed
+	ClassIP        Class = iota
+	ClassNonIP           // not IPv4 or IPv6 (ARP, LLDP…)
+	ClassMalformed       // an IP frame whose L3 header is cut or invalid
+)
+
+// L4State says how much of the L4 header a frame carries.
+type L4State int
+
+const (
+	// L4Header: the protocol is known and L4Len bytes of its header were
+	// read (TCP and UDP; other protocols have nothing rules read).
+	L4Header L4State = iota
+	// L4None: a non-first fragment: the protocol is known, there is no
+	// header (its datagram is judged by the first fragment).
+	L4None
+	// L4Unknown: an IPv6 header chain that does not end inside the
+	// datagram: the protocol is unknown too.
+	L4Unknown
 )
 
 // Packet is what the parser extracts from a frame.
 type Packet struct {
 	Src, Dst netip.Addr
-	Len      int // L3 length from the header
+	Len      int // L3 length: IPv4 total length, IPv6 payload + 40
 	Proto    int
 	Sport    uint16
 	Dport    uint16
 	TCPFlags uint8
-	HasPorts bool
+	L4       L4State
+	L4Len    int // TCP and UDP: 0, 4 (ports) or 14 (ports and flags) bytes read
 	IsIPv6   bool
 }
 
@@ -48,17 +67,22 @@ const (
 	extDestOpts = 60
 )
 
+func isIPv6Ext(nh int) bool {
+	return nh == extHopByHop || nh == extRouting || nh == extFragment || nh == extDestOpts || nh == extAH
+}
+
 // ParseFrame reads an Ethernet frame the way the data plane does.
 func ParseFrame(f []byte) (Packet, Class) {
 	var p Packet
-	have := func(off, n int) bool { return off+n <= len(f) }
-	if !have(0, 14) {
+	if len(f) < 14 {
 		return p, ClassMalformed
 	}
 	etype := binary.BigEndian.Uint16(f[12:])
 	off := 14
-	for i := 0; i < 2 && (etype == 0x8100 || etype == 0x88a8); i++ {
-		if !have(off, 4) {
+	// Any number of VLAN tags: the kernel strips priority tags (id 0) one
+	// after another and delivers what they carry.
+	for etype == 0x8100 || etype == 0x88a8 {
+		if off+4 > len(f) {
 			return p, ClassMalformed
 		}
 		etype = binary.BigEndian.Uint16(f[off+2:])
@@ -69,29 +93,36 @@ func ParseFrame(f []byte) (Packet, Class) {
 		return parseIPv4(f, off, p)
 	case 0x86dd:
 		return parseIPv6(f, off, p)
-	case 0x8100, 0x88a8:
-		return p, ClassMalformed
 	}
 	return p, ClassNonIP
 }
 
+// parseIPv4 validates the header as the kernel's ip_rcv_core does.
 func parseIPv4(f []byte, off int, p Packet) (Packet, Class) {
 	if off+20 > len(f) || f[off]>>4 != 4 {
 		return p, ClassMalformed
 	}
-	hlen := int(f[off]&0xf) * 4
+	ip := f[off:]
+	hlen := int(ip[0]&0xf) * 4
 	if hlen < 20 || off+hlen > len(f) {
 		return p, ClassMalformed
 	}
-	ip := f[off:]
-	p.Len = int(binary.BigEndian.Uint16(ip[2:]))
+	tot := int(binary.BigEndian.Uint16(ip[2:]))
+	if tot == 0 { // a GSO packet past 64 KiB (BIG TCP): the frame says
+		tot = len(f) - off
+	}
+	if tot < hlen || off+tot > len(f) {
+		return p, ClassMalformed
+	}
+	p.Len = tot
 	p.Proto = int(ip[9])
 	p.Src = netip.AddrFrom4([4]byte(ip[12:16]))
 	p.Dst = netip.AddrFrom4([4]byte(ip[16:20]))
 	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
-		return p, ClassIP // non-first fragment: no L4 header
+		p.L4 = L4None
+		return p, ClassIP
 	}
-	return parseL4(f, off+hlen, p)
+	return parseL4(f, off+hlen, off+tot, p), ClassIP
 }
 
 func parseIPv6(f []byte, off int, p Packet) (Packet, Class) {
@@ -99,68 +130,72 @@ func parseIPv6(f []byte, off int, p Packet) (Packet, Class) {
 		return p, ClassMalformed
 	}
 	ip := f[off:]
+	end := off + 40 + int(binary.BigEndian.Uint16(ip[4:]))
+	if end == off+40 { // payload length 0: a jumbogram or BIG TCP; the frame says
+		end = len(f)
+	}
+	if end > len(f) {
+		return p, ClassMalformed
+	}
 	p.IsIPv6 = true
-	p.Len = int(binary.BigEndian.Uint16(ip[4:])) + 40
+	p.Len = end - off
 	p.Src = netip.AddrFrom16([16]byte(ip[8:24]))
 	p.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
 	nh := int(ip[6])
 	off += 40
-	for i := 0; i <= ipv6MaxExtHeaders; i++ {
-		if off > MaxHeaderOffset {
-			return p, ClassMalformed
+	// Walk the chain to its end: every header is at least 8 bytes, so the
+	// walk ends within the datagram.
+	for isIPv6Ext(nh) {
+		if off > end || end-off < 8 {
+			return cutChain(p), ClassIP
 		}
-		switch nh {
-		case extHopByHop, extRouting, extDestOpts:
-			if off+2 > len(f) {
-				return p, ClassMalformed
-			}
-			nh = int(f[off])
-			off += (int(f[off+1]) + 1) * 8
+		h := f[off:]
+		cur := nh
+		nh = int(h[0])
+		switch cur {
 		case extAH:
-			if off+2 > len(f) {
-				return p, ClassMalformed
-			}
-			nh = int(f[off])
-			off += (int(f[off+1]) + 2) * 4
+			off += (int(h[1]) + 2) * 4
 		case extFragment:
-			if off+8 > len(f) {
-				return p, ClassMalformed
-			}
-			nh = int(f[off])
-			fragOff := binary.BigEndian.Uint16(f[off+2:]) & 0xfff8
 			off += 8
-			if fragOff != 0 {
-				p.Proto = nh
-				return p, ClassIP
-			}
 		default:
-			p.Proto = nh
-			return parseL4(f, off, p)
+			off += (int(h[1]) + 1) * 8
+		}
+		if off > end {
+			return cutChain(p), ClassIP
+		}
+		if cur == extFragment && binary.BigEndian.Uint16(h[2:])&0xfff8 != 0 {
+			p.Proto, p.L4 = nh, L4None
+			return p, ClassIP
 		}
 	}
-	return p, ClassMalformed
+	p.Proto = nh
+	return parseL4(f, off, end, p), ClassIP
 }
 
-func parseL4(f []byte, off int, p Packet) (Packet, Class) {
-	if off > MaxHeaderOffset {
-		return p, ClassMalformed
+// cutChain marks a packet whose IPv6 header chain leaves the datagram.
+func cutChain(p Packet) Packet {
+	p.Proto, p.L4 = 0, L4Unknown
+	return p
+}
+
+// parseL4 reads the ports and flags of a TCP or UDP header at off, as far
+// as the datagram (ending at end) holds them.
+func parseL4(f []byte, off, end int, p Packet) Packet {
+	p.L4 = L4Header
+	if p.Proto != protoTCP && p.Proto != protoUDP {
+		return p
 	}
-	switch p.Proto {
-	case protoTCP:
-		if off+20 > len(f) {
-			return p, ClassMalformed
-		}
-		p.Sport = binary.BigEndian.Uint16(f[off:])
-		p.Dport = binary.BigEndian.Uint16(f[off+2:])
+	avail := max(end-off, 0)
+	switch {
+	case avail >= l4Flags:
 		p.TCPFlags = f[off+13]
-		p.HasPorts = true
-	case protoUDP:
-		if off+8 > len(f) {
-			return p, ClassMalformed
-		}
-		p.Sport = binary.BigEndian.Uint16(f[off:])
-		p.Dport = binary.BigEndian.Uint16(f[off+2:])
-		p.HasPorts = true
+		p.L4Len = l4Flags
+	case avail >= l4Ports:
+		p.L4Len = l4Ports
+	default:
+		return p
 	}
-	return p, ClassIP
+	p.Sport = binary.BigEndian.Uint16(f[off:])
+	p.Dport = binary.BigEndian.Uint16(f[off+2:])
+	return p
 }

@@ -65,18 +65,48 @@ func TestListFormats(t *testing.T) {
 }
 
 func TestIPv6Forms(t *testing.T) {
-	p := writeList(t, "2001:DB8:0:0:0:0:0:1\n2001:db8::2/128\n::ffff:192.0.2.1\n2001:0db8:0000:0000:0000:0000:0000:0003\n2001:db8:1::/48 # comment\n\t  2001:db8::4  \r\n")
+	p := writeList(t, "2001:DB8:0:0:0:0:0:1\n2001:db8::2/128\n::ffff:0:0/95\n2001:0db8:0000:0000:0000:0000:0000:0003\n2001:db8:1::/48 # comment\n\t  2001:db8::4  \r\n")
 	l, err := readList(t, 6, Options{}, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"2001:db8::1", "2001:db8::2", "::ffff:192.0.2.1", "2001:db8::3", "2001:db8:1:ffff::", "2001:db8::4"} {
+	for _, a := range []string{"2001:db8::1", "2001:db8::2", "::fffe:0:1", "2001:db8::3", "2001:db8:1:ffff::", "2001:db8::4"} {
 		if !l.Contains(netip.MustParseAddr(a)) {
 			t.Errorf("%s not in the list", a)
 		}
 	}
 	if len(l.V4) != 0 || len(l.V6) != 6 {
 		t.Errorf("v4 %v v6 %v", l.V4, l.V6)
+	}
+}
+
+// IPv4-mapped entries name IPv4 addresses: IPv4 traffic never carries an
+// IPv6 header, so kept as IPv6 they would never match.
+func TestIPv4MappedEntries(t *testing.T) {
+	p := writeList(t, "::ffff:198.18.0.5\n::ffff:198.51.100.0/120\n::ffff:203.0.113.10-::ffff:203.0.113.20\n::FFFF:C000:0201\n")
+	l, err := readList(t, 4, Options{}, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"198.18.0.5", "198.51.100.255", "203.0.113.10", "203.0.113.20", "192.0.2.1"} {
+		if !l.Contains(netip.MustParseAddr(a)) {
+			t.Errorf("%s not in the list", a)
+		}
+	}
+	for _, a := range []string{"198.18.0.6", "203.0.113.21", "::ffff:198.18.0.5"} {
+		if l.Contains(netip.MustParseAddr(a)) {
+			t.Errorf("%s in the list", a)
+		}
+	}
+	if len(l.V6) != 0 {
+		t.Errorf("IPv6 entries %v", l.V6)
+	}
+	_, err = readList(t, 6, Options{}, writeList(t, "2001:db8::1\n::ffff:198.18.0.5\n"))
+	if err == nil || !strings.Contains(err.Error(), `list.txt:2: IPv4 entry "::ffff:198.18.0.5" in an IPv6-only list`) {
+		t.Errorf("mapped entry in an IPv6-only list: %v", err)
+	}
+	if got, err := ParseEntry("::ffff:198.18.0.0/120"); err != nil || len(got) != 1 || got[0] != netip.MustParsePrefix("198.18.0.0/24") {
+		t.Errorf("ParseEntry: %v %v", got, err)
 	}
 }
 

@@ -26,7 +26,8 @@ type Options struct {
 //	198.51.100.0/24              CIDR prefix, host bits cleared (FireHOL .netset)
 //	192.0.2.0/24 ; SBL123456     Spamhaus DROP/EDROP: ';' starts a comment
 //	192.0.2.10-192.0.2.99        inclusive range, either family
-//	2001:db8::/32, ::ffff:1.2.3.4, 2001:DB8:0:0:0:0:0:1   IPv6 in any RFC 4291/5952 form
+//	2001:db8::/32, 2001:DB8:0:0:0:0:0:1   IPv6 in any RFC 4291/5952 form
+//	::ffff:198.51.100.7, ::ffff:198.51.100.0/120   IPv4-mapped: the IPv4 address or prefix
 //
 // '#' and ';' start comments; blank lines are ignored.
 
@@ -144,6 +145,7 @@ func (b *listBuilder) parseRange(los, his []byte, family int) error {
 	if err1 != nil || err2 != nil || lo.Zone() != "" || hi.Zone() != "" {
 		return fmt.Errorf("bad range %q: expected two addresses, first-last", string(los)+"-"+string(his))
 	}
+	lo, hi = lo.Unmap(), hi.Unmap() // IPv4-mapped ends name IPv4 addresses
 	if lo.Is4() != hi.Is4() {
 		return fmt.Errorf("range %s-%s mixes IPv4 and IPv6", lo, hi)
 	}

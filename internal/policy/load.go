@@ -113,11 +113,11 @@ func (p *parser) strings(n *yaml.Node, field string) ([]string, error) {
 }
 
 func (p *parser) policy(root *yaml.Node) (*Policy, error) {
-	top, err := p.fields(root, "policy", "lists", "rules", "default")
+	top, err := p.fields(root, "policy", "lists", "rules", "default", "unparsed")
 	if err != nil {
 		return nil, err
 	}
-	pol := &Policy{Lists: map[string]*List{}}
+	pol := &Policy{Lists: map[string]*List{}, Unparsed: Drop}
 	if n := top["lists"]; n != nil {
 		if err := p.lists(n, pol); err != nil {
 			return nil, err
@@ -125,6 +125,11 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 	}
 	if n := top["default"]; n != nil {
 		if pol.Default, err = p.action(n, "default"); err != nil {
+			return nil, err
+		}
+	}
+	if n := top["unparsed"]; n != nil {
+		if pol.Unparsed, err = p.action(n, "unparsed"); err != nil {
 			return nil, err
 		}
 	}
@@ -249,7 +254,9 @@ func validName(s string) error {
 }
 
 // ParsePrefix reads a CIDR prefix or a bare address (a host prefix), clearing
-// host bits.
+// host bits. An IPv4-mapped IPv6 prefix (::ffff:a.b.c.d/n, n >= 96) is the
+// IPv4 prefix a.b.c.d/(n-96): the IPv4 traffic it names never carries an
+// IPv6 header.
 func ParsePrefix(s string) (netip.Prefix, error) {
 	s = strings.TrimSpace(s)
 	if strings.Contains(s, "/") {
@@ -257,18 +264,25 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 		if err != nil {
 			return netip.Prefix{}, fmt.Errorf("bad prefix %q: %v", s, strings.TrimPrefix(err.Error(), "netip.ParsePrefix("+strconv.Quote(s)+"): "))
 		}
-		return pfx.Masked(), nil
+		return unmapPrefix(pfx.Masked()), nil
 	}
 	addr, err := netip.ParseAddr(s)
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("bad address %q: neither an IP address nor a CIDR prefix", s)
 	}
-	addr = addr.WithZone("")
+	addr = addr.WithZone("").Unmap()
 	return netip.PrefixFrom(addr, addr.BitLen()), nil
 }
 
+func unmapPrefix(p netip.Prefix) netip.Prefix {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	return p
+}
+
 // reservedNames are the counters every policy has besides its rules.
-var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip": true}
+var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip": true, "unparsed": true}
 
 var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
 

@@ -104,6 +104,11 @@ type Policy struct {
 	Lists   map[string]*List
 	Rules   []Rule
 	Default Action
+	// Unparsed decides a frame whose verdict hangs on fields it does not
+	// carry (see Eval). Drop unless the policy says otherwise: a flood
+	// defence must not let a crafted frame around a drop rule, and the
+	// kernel discards such frames anyway, but tiny first fragments.
+	Unparsed Action
 }
 
 // MaxRules and MaxLists bound what one policy may hold: rules are matched in

@@ -13,7 +13,7 @@ type Row struct {
 	Iface     string  `json:"iface"`
 	Netns     string  `json:"netns,omitempty"`
 	Direction string  `json:"direction"`
-	Kind      string  `json:"kind"` // rule, default, malformed, non-ip
+	Kind      string  `json:"kind"` // rule, default, unparsed, malformed, non-ip
 	Name      string  `json:"name"`
 	Action    string  `json:"action"`
 	Packets   uint64  `json:"packets"`
@@ -45,7 +45,8 @@ func Take(states []*datapath.State) (Snapshot, error) {
 		}
 		s.Rows = append(s.Rows,
 			row("default", "default", st.Default, counts[datapath.SlotDefault]),
-			row("malformed", "malformed", "pass", counts[datapath.SlotMalformed]),
+			row("unparsed", "unparsed", st.Unparsed, counts[datapath.SlotUnparsed]),
+			row("malformed", "malformed", st.Malformed, counts[datapath.SlotMalformed]),
 			row("non-ip", "non-ip", "pass", counts[datapath.SlotNonIP]))
 	}
 	return s, nil

@@ -1,0 +1,2 @@
+/* bpfel: little-endian whatever the build host is. */
+#include <linux/byteorder/little_endian.h>
