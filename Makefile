@@ -18,10 +18,10 @@ generate:
 
 # Fails when the committed objects do not match bpf/.
 check-generated: generate
-	git diff --exit-code -- 'internal/*/*_bpfel.go' 'internal/*/*_bpfel.o' || \
+	git diff --exit-code -- 'internal/*/*_bpfel.go' 'internal/*/*_bpfel.o' internal/abi/abi_gen.go || \
 	  (echo "bpf/ and the committed objects disagree: run make generate and commit" >&2; exit 1)
 
-# The whole suite: formatting and vet, generated objects up to date, then every
+# The whole suite: formatting, tidy modules and vet, generated objects up to date, then every
 # test tier. Privileged tiers need root; with RAMPART_REQUIRE_PRIVILEGED=1 they
 # fail instead of skipping.
 test: lint check-generated
@@ -29,6 +29,5 @@ test: lint check-generated
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+	$(GO) mod tidy -diff || (echo "go.mod and go.sum are not tidy: run go mod tidy" >&2; exit 1)
 	$(GO) vet ./...
-
-# Debian packages the build, the tests and `make generate` use.

@@ -14,7 +14,7 @@ enum bench_structure {
 	BENCH_RAMPART = 2,
 };
 
-volatile const __u8 structure = BENCH_BASELINE;
+volatile const enum bench_structure structure = BENCH_BASELINE;
 volatile const __u8 family = 4;
 /* IPv6 sources are v6_base with the low 32 bits random: the same density
  * of hits as IPv4 for lists drawn the same way. */

@@ -1,26 +1,32 @@
-/* Structures shared between the BPF data plane and Go. The Go side is
- * generated from these by bpf2go (-type), never written by hand. */
+/* Structures and constants shared between the BPF data plane and Go. The Go
+ * side (internal/abi) is generated from the filter object's BTF, never
+ * written by hand. */
 #pragma once
 
 #include <linux/types.h>
 
-#define MAX_RULES 256
+/* Every limit and constant Go needs is an enum: enums reach the object's BTF,
+ * from which internal/abi is generated (#defines would not). */
+enum limits {
+	MAX_RULES = 256,
+	V6_MAX_LENS = 129, /* IPv6 prefix lengths 0 to 128 */
+	/* VLAN tags the parser reads unrolled; more are walked in a loop. */
+	VLAN_UNROLLED = 2,
+	/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP,
+	 * the TCP flags byte 13. */
+	L4_PORTS = 4,
+	L4_FLAGS = 14,
+};
 
 /* Counter slots: fixed slots first, then one per rule. */
-#define SLOT_MALFORMED 0 /* IP frames whose L3 header is cut or invalid */
-#define SLOT_NON_IP 1
-#define SLOT_DEFAULT 2
-#define SLOT_UNPARSED 3 /* IP frames whose verdict hangs on fields they do not carry */
-#define SLOT_RULE0 4
-#define NUM_SLOTS (SLOT_RULE0 + MAX_RULES)
-
-/* VLAN tags the parser reads unrolled; more are walked in a loop. */
-#define VLAN_UNROLLED 2
-
-/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP, the TCP
- * flags byte 13. */
-#define L4_PORTS 4
-#define L4_FLAGS 14
+enum slot {
+	SLOT_MALFORMED = 0, /* IP frames whose L3 header is cut or invalid */
+	SLOT_NON_IP = 1,
+	SLOT_DEFAULT = 2,
+	SLOT_UNPARSED = 3, /* IP frames whose verdict hangs on fields they do not carry */
+	SLOT_RULE0 = 4,
+	NUM_SLOTS = SLOT_RULE0 + MAX_RULES,
+};
 
 enum action {
 	ACTION_PASS = 0,
@@ -66,11 +72,13 @@ struct counter {
  * bitmap (two classes) or a tbl8 (any mix). Entries are grouped 16 to an
  * array element: array elements are 8-byte aligned, so single u32 elements
  * would double the table. */
-#define V4_SPLIT (1u << 31)
-#define V4_TBL8 (1u << 30)
-#define V4_INDEX_MASK (V4_TBL8 - 1)
-#define V4_CHUNK 16
-#define V4_BLOCKS (1u << 24)
+enum v4_table {
+	V4_SPLIT = 1u << 31,
+	V4_TBL8_FLAG = 1u << 30,
+	V4_INDEX_MASK = V4_TBL8_FLAG - 1,
+	V4_CHUNK = 16,
+	V4_BLOCKS = 1u << 24,
+};
 
 struct v4_chunk {
 	__u32 entry[V4_CHUNK];
@@ -90,7 +98,6 @@ struct v4_tbl8 {
 
 /* IPv6 lists: one hash keyed by (prefix length, masked address) per
  * populated length, probed longest first. */
-#define V6_MAX_LENS 129
 
 /* In-place changes (rampart list add|del): the longest overlay prefix
  * covering an address sets and clears list bits over the base tables. */
@@ -108,3 +115,4 @@ struct lpm_v6_key {
 	__u32 prefixlen;
 	__u8 addr[16];
 };
+

@@ -165,6 +165,14 @@ int rampart_xdp(struct xdp_md *ctx)
 	return decide(bytes, parsed, &p) == ACTION_DROP ? XDP_DROP : XDP_PASS;
 }
 
+/* Never called, never loaded: its signature puts the enums of common.h into
+ * the object's BTF, from which internal/abi is generated (BTF keeps no trace
+ * of types only constants use). */
+__attribute__((noinline)) int abi_enums(enum limits a, enum slot b, enum action c, enum match_field d, enum v4_table e)
+{
+	return 0;
+}
+
 /* tcx return codes; TCX_NEXT lets programs attached after ours run. */
 #define TCX_NEXT -1
 #define TCX_DROP 2

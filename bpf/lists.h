@@ -108,7 +108,7 @@ static __always_inline __u64 v4_base(const __u8 *addr)
 		cls = e;
 	} else {
 		__u32 idx = e & V4_INDEX_MASK;
-		if (e & V4_TBL8) {
+		if (e & V4_TBL8_FLAG) {
 			struct v4_tbl8 *t = bpf_map_lookup_elem(&v4_tbl8s, &idx);
 			if (!t)
 				return 0;

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
@@ -109,16 +110,12 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 	}
 
 	// The steps before any lookup, loaded with empty tables.
-	spec, err := benchSpec(fam, 0)
-	if err != nil {
-		return nil, err
-	}
-	steps, err := datapath.NewTablesCollection(spec, &datapath.Tables{})
+	steps, err := load(fam, benchBenchStructureBENCH_BASELINE, &compile.Tables{}, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer steps.Close()
-	subjects := []subject{{steps.Programs["bench_drop"], nil, &rows[0]}, {steps.Programs["bench_parse"], nil, &rows[1]}, {steps.Programs["bench_lookup"], nil, &rows[2]}}
+	subjects := []subject{{steps.BenchDrop, nil, &rows[0]}, {steps.BenchParse, nil, &rows[1]}, {steps.BenchLookup, nil, &rows[2]}}
 
 	say("generating %d prefixes", size)
 	prefixes := generate(fam, mix, size)
@@ -127,12 +124,12 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 		rows[3].Error = "not measured (--no-kernel-lpm)"
 	} else if lpm := kernelLPM(fam, prefixes, &rows[3]); lpm != nil {
 		defer lpm.Close()
-		subjects = append(subjects, subject{lpm.Programs["bench_lookup"], lpm.Maps["hits"], &rows[3]})
+		subjects = append(subjects, subject{lpm.BenchLookup, lpm.Hits, &rows[3]})
 	}
 	say("building rampart's tables")
 	if rt := rampart(fam, prefixes, &rows[4]); rt != nil {
 		defer rt.Close()
-		subjects = append(subjects, subject{rt.Programs["bench_lookup"], rt.Maps["hits"], &rows[4]})
+		subjects = append(subjects, subject{rt.BenchLookup, rt.Hits, &rows[4]})
 	}
 	prefixes = nil
 
@@ -173,46 +170,72 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 	return rows, nil
 }
 
-// benchSpec is bench.c configured for a family and a structure.
-func benchSpec(fam int, structure uint8) (*ebpf.CollectionSpec, error) {
-	spec, err := datapath.BenchSpec()
+// load loads bench.c for a family and a structure over rampart's tables t
+// (and a kernel LPM trie of lpmEntries).
+func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries int) (*benchObjects, error) {
+	spec, err := loadBench()
 	if err != nil {
 		return nil, err
 	}
-	for name, v := range map[string]any{"family": uint8(fam), "structure": structure, "v6_base_addr": v6Base} {
-		if err := spec.Variables[name].Set(v); err != nil {
-			return nil, fmt.Errorf("set %s: %w", name, err)
+	var specs benchSpecs
+	if err := spec.Assign(&specs); err != nil {
+		return nil, err
+	}
+	v, m := &specs.benchVariableSpecs, &specs.benchMapSpecs
+	for _, set := range []struct {
+		spec  *ebpf.VariableSpec
+		value any
+	}{{v.Family, uint8(fam)}, {v.Structure, structure}, {v.V6BaseAddr, v6Base}} {
+		if err := set.spec.Set(set.value); err != nil {
+			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
 		}
 	}
-	return spec, nil
+	ts := datapath.TableSpecs{V4Present: m.V4Present, V4Rank: m.V4Rank, V4Tbl24: m.V4Tbl24, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s,
+		V4Classes: m.V4Classes, V6Prefixes: m.V6Prefixes, V6Lens: v.V6Lens, V6LenCount: v.V6LenCount}
+	if err := ts.Size(t); err != nil {
+		return nil, err
+	}
+	m.KernelLpmV4.MaxEntries, m.KernelLpmV6.MaxEntries = uint32(max(1, lpmEntries)), uint32(max(1, lpmEntries))
+	if err := datapath.CheckMemory(t.KernelBytes()); err != nil {
+		return nil, err
+	}
+	var objs benchObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, err
+	}
+	if err := tableMaps(&objs).Fill(t); err != nil {
+		objs.Close()
+		return nil, err
+	}
+	return &objs, nil
+}
+
+func tableMaps(o *benchObjects) datapath.TableMaps {
+	return datapath.TableMaps{V4Present: o.V4Present, V4Rank: o.V4Rank, V4Tbl24: o.V4Tbl24, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s,
+		V4Classes: o.V4Classes, V6Prefixes: o.V6Prefixes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6}
 }
 
 // kernelLPM loads the benchmark over the kernel's LPM trie holding
 // prefixes, recording load time and memory in r; nil when it failed (the
 // error is in r).
-func kernelLPM(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
-	spec, err := benchSpec(fam, 1)
-	if err != nil {
-		r.Error = err.Error()
-		return nil
-	}
-	name := fmt.Sprintf("kernel_lpm_v%d", fam)
-	spec.Maps[name].MaxEntries = uint32(max(1, len(prefixes)))
+func kernelLPM(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
 	start := time.Now()
-	coll, err := datapath.NewTablesCollection(spec, &datapath.Tables{})
+	objs, err := load(fam, benchBenchStructureBENCH_KERNEL_LPM, &compile.Tables{}, len(prefixes))
 	if err == nil {
-		if err = fillLPM(coll.Maps[name], fam, prefixes); err != nil {
-			coll.Close()
+		m := objs.KernelLpmV4
+		if fam == 6 {
+			m = objs.KernelLpmV6
 		}
+		if err = fillLPM(m, fam, prefixes); err == nil {
+			r.LoadSeconds = ptr(time.Since(start).Seconds())
+			r.KernelBytes = datapath.Memlock(m)
+			r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
+			return objs
+		}
+		objs.Close()
 	}
-	if err != nil {
-		r.Error = err.Error()
-		return nil
-	}
-	r.LoadSeconds = ptr(time.Since(start).Seconds())
-	r.KernelBytes = datapath.Memlock(coll.Maps[name])
-	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
-	return coll
+	r.Error = err.Error()
+	return nil
 }
 
 // fillLPM writes the prefixes into the kernel's LPM trie, one update each:
@@ -221,9 +244,9 @@ func fillLPM(m *ebpf.Map, fam int, prefixes []netip.Prefix) error {
 	var err error
 	for i, p := range prefixes {
 		if fam == 4 {
-			err = m.Put(datapath.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}, uint64(1))
+			err = m.Put(abi.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}, uint64(1))
 		} else {
-			err = m.Put(datapath.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}, uint64(1))
+			err = m.Put(abi.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}, uint64(1))
 		}
 		if err != nil {
 			return fmt.Errorf("kernel LPM trie, entry %d: %w", i, err)
@@ -234,12 +257,7 @@ func fillLPM(m *ebpf.Map, fam int, prefixes []netip.Prefix) error {
 
 // rampart loads the benchmark over rampart's tables holding prefixes, timed
 // from the prefixes in memory to filled maps; nil when it failed.
-func rampart(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
-	spec, err := benchSpec(fam, 2)
-	if err != nil {
-		r.Error = err.Error()
-		return nil
-	}
+func rampart(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
 	start := time.Now()
 	var v4 []policy.Range4
 	var v6 []netip.Prefix
@@ -253,15 +271,15 @@ func rampart(fam int, prefixes []netip.Prefix, r *Result) *ebpf.Collection {
 	}
 	list := policy.BuildList("bench", v4, v6)
 	tables := compile.BuildTables([]*policy.List{list}, []uint64{1})
-	coll, err := datapath.NewTablesCollection(spec, &tables)
+	objs, err := load(fam, benchBenchStructureBENCH_RAMPART, &tables, 0)
 	if err != nil {
 		r.Error = err.Error()
 		return nil
 	}
 	r.LoadSeconds = ptr(time.Since(start).Seconds())
-	r.KernelBytes = datapath.TablesMemlock(coll)
+	r.KernelBytes = tableMaps(objs).Memlock()
 	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
-	return coll
+	return objs
 }
 
 // sumHits is the hit count of a rampart or kernel-LPM run; a baseline run

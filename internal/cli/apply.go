@@ -1,29 +1,16 @@
 package cli
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/engine"
 )
-
-// transactionWindow bounds an apply without --confirm: its hooks are pending
-// only while the command runs, so a crash mid-way is rolled back by the next
-// rampart command.
-const transactionWindow = 2 * time.Minute
 
 func applyCmd(g *globals) *cobra.Command {
 	var (
@@ -40,9 +27,11 @@ func applyCmd(g *globals) *cobra.Command {
 		Short: "Compile a policy and attach or atomically swap it on interfaces",
 		Long: `apply validates the policy, builds a new program with fresh maps and swaps it
 in with one link update, so no packet sees a half-written policy. Counters of
-rules whose name and match are unchanged carry over.
+rules whose name and match are unchanged carry over. Several interfaces are
+changed all or nothing.
 
---mode auto tries XDP native, then XDP generic, then tc. --egress filters
+--mode auto tries XDP native, then XDP generic, then tc; beside another XDP
+program (a libxdp dispatcher, say) it runs at tc and says so. --egress filters
 outgoing traffic with tc (tcx) instead of incoming. With --confirm DURATION
 the previous policy comes back by itself unless 'rampart confirm' runs in
 time, even if this command is killed.`,
@@ -63,14 +52,25 @@ time, even if this command is killed.`,
 			if egress && (m == datapath.ModeXDPNative || m == datapath.ModeXDPGeneric) {
 				return fmt.Errorf("--mode %s with --egress: XDP sees only incoming packets; egress uses tc (--mode tc or auto)", m)
 			}
-			if confirm < 0 {
-				return errors.New("--confirm must be positive")
+			if cmd.Flags().Changed("confirm") && confirm <= 0 {
+				return fmt.Errorf("--confirm %s: give the time to confirm in, e.g. --confirm 60s", confirm)
 			}
-			pol, err := g.loadPolicy(file, lenient)
+			fw, err := g.firewall()
 			if err != nil {
 				return err
 			}
-			return g.apply(pol, ifaces, m, egress, force, confirm)
+			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
+			if err != nil {
+				return err
+			}
+			res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: ifaces, Mode: m, Egress: egress, Force: force, Confirm: confirm})
+			if res != nil {
+				g.notes(res.Recovered)
+			}
+			if err != nil {
+				return err
+			}
+			return g.printApplied(res)
 		},
 	}
 	f := c.Flags()
@@ -84,169 +84,41 @@ time, even if this command is killed.`,
 	return c
 }
 
-type applied struct {
-	Iface      string `json:"iface"`
-	Netns      string `json:"netns,omitempty"`
-	Direction  string `json:"direction"`
-	Mode       string `json:"mode"`
-	Generation int    `json:"generation"`
-	PolicyHash string `json:"policy_hash"`
-	Rules      int    `json:"rules"`
-}
-
-func (g *globals) apply(pol *policy.Policy, ifaces []string, mode datapath.Mode, egress, force bool, confirm time.Duration) error {
-	var hooks []datapath.Hook
-	for _, ifc := range ifaces {
-		hooks = append(hooks, datapath.Hook{Netns: g.netns, Iface: ifc, Egress: egress})
-	}
-	// Every interface must exist before anything changes.
-	if err := datapath.InNetns(g.netns, func() error {
-		for _, h := range hooks {
-			if _, err := net.InterfaceByName(h.Iface); err != nil {
-				return fmt.Errorf("--iface %s: no such interface%s (list them with: ip link)", h.Iface, inNetns(g.netns))
-			}
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-
-	if err := datapath.EnsureBPFFS(); err != nil {
-		return err
-	}
-	unlock, err := g.lock()
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	// In-place list changes still live carry over to the new tables.
-	ops, err := loadOps(g.netns)
-	if err != nil {
-		return err
-	}
-	for _, op := range ops {
-		if l := pol.Lists[op.List]; l != nil {
-			l.Ops = append(l.Ops, op)
-		}
-	}
-	img := compile.Build(pol)
-
-	objs, err := datapath.Load(img)
-	if err != nil {
-		return fmt.Errorf("apply %s: %w", pol.File, err)
-	}
-	defer objs.Close()
-
-	meta := datapath.State{PolicyFile: absPath(pol.File), PolicyHash: img.Hash(), Default: pol.Default.String(),
-		Unparsed: pol.Unparsed.String(), Malformed: pol.MalformedAction().String(), Lists: img.Lists}
-	for _, r := range pol.Rules {
-		meta.Rules = append(meta.Rules, datapath.RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
-	}
-	token := newToken()
-	deadline := time.Now().Add(transactionWindow)
-	if confirm > 0 {
-		deadline = time.Now().Add(confirm)
-	}
-
-	var done []*datapath.State
-	for _, h := range hooks {
-		st, err := datapath.Install(h, objs, meta, mode, force, deadline, token)
-		if err != nil {
-			// Put back the hooks this command already changed.
-			for _, d := range done {
-				if rerr := datapath.Rollback(d); rerr != nil {
-					err = errors.Join(err, rerr)
-				}
-			}
-			return err
-		}
-		done = append(done, st)
-	}
-	if confirm > 0 {
-		if err := spawnWatchdog(token, deadline); err != nil {
-			for _, d := range done {
-				datapath.Rollback(d)
-			}
-			return fmt.Errorf("start the rollback watchdog: %w (nothing was changed)", err)
-		}
-	} else {
-		for _, st := range done {
-			if err := datapath.Confirm(st); err != nil {
-				return err
-			}
-		}
-	}
-
-	var out []applied
-	for _, st := range done {
-		out = append(out, applied{Iface: st.Hook.Iface, Netns: st.Hook.Netns, Direction: st.Hook.Direction(), Mode: string(st.Mode),
-			Generation: st.Generation, PolicyHash: st.PolicyHash, Rules: len(st.Rules)})
-	}
+func (g *globals) printApplied(res *engine.ApplyResult) error {
 	if g.json {
-		return g.printJSON(map[string]any{"applied": out, "confirm_deadline": confirmDeadline(confirm, deadline)})
+		var deadline any
+		if !res.ConfirmDeadline.IsZero() {
+			deadline = res.ConfirmDeadline
+		}
+		applied := res.Applied
+		if applied == nil {
+			applied = []engine.Applied{}
+		}
+		return g.printJSON(map[string]any{"applied": applied, "netns": g.netns, "confirm_deadline": deadline, "live_changes": nonNil(res.LiveChanges)})
 	}
 	rows := [][]string{{"IFACE", "DIRECTION", "MODE", "RULES", "POLICY", "GEN"}}
-	for _, a := range out {
-		rows = append(rows, []string{a.Iface + inNetns(a.Netns), a.Direction, a.Mode, strconv.Itoa(a.Rules), a.PolicyHash[:12], strconv.Itoa(a.Generation)})
+	for _, a := range res.Applied {
+		rows = append(rows, []string{a.Iface + inNetns(g.netns), a.Direction(), string(a.Mode), strconv.Itoa(a.Rules), a.PolicyHash[:12], strconv.Itoa(a.Generation)})
 	}
 	g.table(rows)
-	if confirm > 0 {
-		fmt.Fprintf(g.env.Stdout, "Run 'rampart confirm' before %s or the previous policy comes back.\n", deadline.Format(time.TimeOnly))
+	for _, a := range res.Applied {
+		if a.Note != "" {
+			fmt.Fprintf(g.env.Stdout, "%s: %s\n", a.Iface, a.Note)
+		}
+	}
+	if n := len(res.LiveChanges); n > 0 {
+		fmt.Fprintf(g.env.Stdout, "%d live list changes override the list files (rampart list show; rampart list revert to drop them).\n", n)
+	}
+	if !res.ConfirmDeadline.IsZero() {
+		fmt.Fprintf(g.env.Stdout, "Run 'rampart confirm' before %s or the previous policy comes back.\n", res.ConfirmDeadline.Local().Format(time.TimeOnly))
 	}
 	return nil
 }
 
-func confirmDeadline(confirm time.Duration, deadline time.Time) any {
-	if confirm <= 0 {
-		return nil
+// nonNil keeps an empty list a JSON [] rather than null.
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
 	}
-	return deadline.UTC()
-}
-
-func inNetns(ns string) string {
-	if ns == "" {
-		return ""
-	}
-	return " (netns " + ns + ")"
-}
-
-func absPath(p string) string {
-	if a, err := filepath.Abs(p); err == nil {
-		return a
-	}
-	return p
-}
-
-func newToken() string {
-	b := make([]byte, 8)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// spawnWatchdog starts a detached rampart that rolls this apply back at the
-// deadline unless it was confirmed.
-func spawnWatchdog(token string, deadline time.Time) error {
-	return spawnDetached("rollback.log", "rollback-watchdog", "--token", token, "--at", deadline.UTC().Format(time.RFC3339Nano))
-}
-
-// spawnDetached starts rampart with args in a session of its own, so killing
-// this command (or its terminal) does not stop it; it logs to logName in
-// the state directory.
-func spawnDetached(logName string, args ...string) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	logf, err := os.OpenFile(filepath.Join(datapath.StateRoot, logName), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(exe, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	return cmd.Process.Release()
+	return s
 }

@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/engine"
 )
 
 func checkCmd(g *globals) *cobra.Command {
@@ -14,32 +14,40 @@ func checkCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "check -f POLICY",
 		Short: "Validate a policy and show what it compiles to, without touching the host",
-		Args:  cobra.NoArgs,
+		Long: `check reads the policy and its lists as apply would, compiles them, and refuses
+what apply would refuse (tables over the memory available or over
+RAMPART_MAX_TABLE_BYTES), without changing anything. It shows the rules,
+each list's entries, the size of the tables, and warnings (rules that can
+never match).`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
 				return fmt.Errorf("--file/-f is required: the policy to check")
 			}
-			pol, err := g.loadPolicy(file, lenient)
+			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
 			if err != nil {
 				return err
 			}
-			img := compile.Build(pol)
-			entries, skipped := 0, 0
-			for _, l := range pol.Lists {
-				entries += l.Entries
-				skipped += l.Skipped
-			}
-			t := &img.Tables
-			res := map[string]any{
-				"file": file, "valid": true, "rules": len(pol.Rules), "lists": len(pol.Lists), "entries": entries, "skipped_lines": skipped,
-				"v4_split_blocks": len(t.V4Bitmaps) + len(t.V4Tbl8s), "v6_prefixes": len(t.V6), "table_bytes": t.KernelBytes(),
-				"default": pol.Default.String(), "policy_hash": img.Hash(),
+			r, err := engine.Check(pol)
+			if err != nil {
+				return fmt.Errorf("%s: %w", file, err)
 			}
 			if g.json {
-				return g.printJSON(res)
+				return g.printJSON(struct {
+					File  string `json:"file"`
+					Valid bool   `json:"valid"`
+					*engine.CheckReport
+				}{file, true, r})
 			}
-			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, policy %s\n",
-				file, len(pol.Rules), len(pol.Lists), entries, float64(t.KernelBytes())/(1<<20), res["v4_split_blocks"], len(t.V6), pol.Default, img.Hash()[:12])
+			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, unparsed %s, policy %s\n",
+				file, r.Rules, len(r.Lists), r.Entries, float64(r.TableBytes)/(1<<20), r.V4SplitBlocks, r.V6Prefixes, r.Default, r.Unparsed, r.PolicyHash[:12])
+			rows := [][]string{{"LIST", "ENTRIES", "SKIPPED"}}
+			for _, l := range r.Lists {
+				rows = append(rows, []string{l.Name, fmt.Sprint(l.Entries), fmt.Sprint(l.Skipped)})
+			}
+			if len(rows) > 1 {
+				g.table(rows)
+			}
 			return nil
 		},
 	}

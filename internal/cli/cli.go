@@ -1,21 +1,23 @@
-// Package cli implements the rampart command line: one file per subcommand.
+// Package cli implements the rampart command line: one file per subcommand,
+// each flags → an engine (or lab, diagnose, bench) call → rendering.
 package cli
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -28,14 +30,29 @@ type Env struct {
 
 // globals are the flags every command takes.
 type globals struct {
-	json  bool
-	netns string
-	env   Env
+	json      bool
+	netns     string
+	pinRoot   string
+	stateRoot string
+	env       Env
 }
 
-// Run executes one command line (without the program name).
+// Run executes one command line (without the program name). With --json an
+// error is also printed on stdout as a JSON object, so that a reader of the
+// output always gets JSON.
 func Run(ctx context.Context, env Env, args []string) error {
 	g := &globals{env: env}
+	root := rootCmd(g)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err != nil && (g.json || slices.Contains(args, "--json")) {
+		g.printJSON(map[string]any{"error": errorJSON(err)})
+	}
+	return err
+}
+
+// rootCmd builds the command table.
+func rootCmd(g *globals) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "rampart",
 		Short: "A host firewall for packet floods: XDP and tc filtering, prefix lists at scale, drop diagnosis",
@@ -45,14 +62,17 @@ atomically and keeps them pinned so they outlive the command.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.SetOut(env.Stdout)
-	root.SetErr(env.Stderr)
-	root.SetArgs(args)
-	root.PersistentFlags().BoolVar(&g.json, "json", false, "print machine-readable JSON")
-	root.PersistentFlags().StringVar(&g.netns, "netns", "", "act on the interfaces of this named network namespace (like ip -n); pins stay in the host's bpffs")
+	root.SetOut(g.env.Stdout)
+	root.SetErr(g.env.Stderr)
+	pf := root.PersistentFlags()
+	pf.BoolVar(&g.json, "json", false, "print machine-readable JSON")
+	pf.StringVar(&g.netns, "netns", "", "act on the interfaces of this named network namespace (like ip -n); pins stay in the host's bpffs")
+	pf.StringVar(&g.pinRoot, "pin-root", envOr("RAMPART_PIN_ROOT", engine.DefaultPinRoot), "bpffs directory rampart pins its objects in ($RAMPART_PIN_ROOT)")
+	pf.StringVar(&g.stateRoot, "state-root", envOr("RAMPART_STATE_ROOT", engine.DefaultStateRoot), "directory rampart keeps its state in ($RAMPART_STATE_ROOT)")
 	root.AddCommand(
 		applyCmd(g),
 		detachCmd(g),
+		reattachCmd(g),
 		confirmCmd(g),
 		statusCmd(g),
 		statsCmd(g),
@@ -64,7 +84,14 @@ atomically and keeps them pinned so they outlive the command.`,
 		labCmd(g),
 		diagnoseCmd(g),
 	)
-	return root.ExecuteContext(ctx)
+	return root
+}
+
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 // Main is the binary's entry point: it runs and turns an error into exit 1.
@@ -74,6 +101,63 @@ func Main() {
 	if err := Run(ctx, Env{Stdout: os.Stdout, Stderr: os.Stderr}, os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, "rampart:", err)
 		os.Exit(1)
+	}
+}
+
+// errorJSON is an error as JSON: its message and, for a policy or list
+// file's error, where.
+func errorJSON(err error) map[string]any {
+	out := map[string]any{"message": err.Error()}
+	var pe *policy.Error
+	if errors.As(err, &pe) {
+		out["file"], out["line"], out["field"] = pe.File, pe.Line, pe.Field
+	}
+	return out
+}
+
+// firewall is the engine for the global flags.
+func (g *globals) firewall() (*engine.Firewall, error) {
+	return engine.New(engine.Options{PinRoot: g.pinRoot, StateRoot: g.stateRoot, Netns: g.netns})
+}
+
+// recovered opens the firewall and first finishes what earlier commands
+// left (rollbacks past their deadline, crashed applies), saying what it did.
+func (g *globals) recovered() (*engine.Firewall, error) {
+	fw, err := g.firewall()
+	if err != nil {
+		return nil, err
+	}
+	notes, err := fw.Recover()
+	g.notes(notes)
+	return fw, err
+}
+
+// everywhere is the firewall of --netns, or without it one for every
+// namespace rampart holds something for (reports cover them all), each
+// recovered first.
+func (g *globals) everywhere() ([]*engine.Firewall, error) {
+	if g.netns != "" {
+		fw, err := g.recovered()
+		return []*engine.Firewall{fw}, err
+	}
+	fws, err := engine.All(engine.Options{PinRoot: g.pinRoot, StateRoot: g.stateRoot})
+	if err != nil {
+		return nil, err
+	}
+	for _, fw := range fws {
+		notes, err := fw.Recover()
+		g.notes(notes)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return fws, nil
+}
+
+// notes prints the engine's notes on stderr.
+func (g *globals) notes(lines []string) {
+	for _, l := range lines {
+		fmt.Fprintln(g.env.Stderr, "rampart:", l)
 	}
 }
 
@@ -92,28 +176,6 @@ func (g *globals) table(rows [][]string) {
 	tw.Flush()
 }
 
-// lock takes rampart's host lock and first rolls back any unconfirmed apply
-// past its deadline (its watchdog may have died with a reboot or a kill), so
-// every command sees and changes the state the operator was promised.
-func (g *globals) lock() (func(), error) {
-	unlock, err := datapath.Lock()
-	if err != nil {
-		return nil, err
-	}
-	if hooks, err := datapath.Expired("", time.Now()); err != nil {
-		fmt.Fprintln(g.env.Stderr, "rampart: warning: rolling back an expired apply:", err)
-	} else {
-		for _, h := range hooks {
-			fmt.Fprintln(g.env.Stderr, "rampart: rolled back unconfirmed apply on", h)
-		}
-	}
-	// Backstop for the expiry process: list changes past their TTL go now.
-	if _, err := expireOps(g.netns); err != nil {
-		fmt.Fprintln(g.env.Stderr, "rampart: warning: expiring list changes:", err)
-	}
-	return unlock, nil
-}
-
 // interactive reports whether progress may be drawn: only on a terminal.
 func (g *globals) interactive() bool {
 	f, ok := g.env.Stderr.(*os.File)
@@ -121,9 +183,9 @@ func (g *globals) interactive() bool {
 }
 
 // loadPolicy reads a policy and its lists, drawing progress on a terminal
-// while big list files are read and reporting lines skipped under lenient.
-func (g *globals) loadPolicy(file string, lenient bool) (*policy.Policy, error) {
-	opt := policy.Options{Lenient: lenient}
+// while big list files are read, and reporting skipped lines and warnings.
+func (g *globals) loadPolicy(ctx context.Context, file string, lenient bool) (*policy.Policy, error) {
+	opt := policy.Options{Lenient: lenient, Context: ctx}
 	if g.interactive() {
 		opt.Progress = func(name string, read, total int64) {
 			fmt.Fprintf(g.env.Stderr, "\rreading %s: %3.0f%% (%d MiB)", filepath.Base(name), 100*float64(read)/float64(max(total, 1)), read>>20)
@@ -136,10 +198,20 @@ func (g *globals) loadPolicy(file string, lenient bool) (*policy.Policy, error) 
 	if err != nil {
 		return nil, err
 	}
-	for _, l := range pol.Lists {
-		if l.Skipped > 0 {
+	for _, name := range pol.ListNames() {
+		if l := pol.Lists[name]; l.Skipped > 0 {
 			fmt.Fprintf(g.env.Stderr, "rampart: list %s: skipped %d bad lines (first: %s)\n", l.Name, l.Skipped, l.FirstSkipped)
 		}
 	}
+	for _, w := range pol.Warnings {
+		fmt.Fprintln(g.env.Stderr, "rampart: warning:", w.Error())
+	}
 	return pol, nil
+}
+
+func inNetns(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return " (netns " + ns + ")"
 }

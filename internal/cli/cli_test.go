@@ -163,16 +163,35 @@ func TestForeignXDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := writeFile(t, "p.yaml", "rules: []\n")
-	_, err = rampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	_, err = rampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--mode", "xdp-native")
 	if err == nil || !strings.Contains(err.Error(), "--force") {
 		t.Fatalf("apply over a foreign XDP program: %v, want a refusal naming --force", err)
 	}
 	if st := hookStatus(t, p.NsB); len(st.Hooks) != 0 {
 		t.Fatalf("refused apply left state: %+v", st)
 	}
+	// auto runs at tc beside the other program (a libxdp dispatcher, say),
+	// and says so; the other program stays.
+	out := mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	if st := hookStatus(t, p.NsB); len(st.Hooks) != 1 || st.Hooks[0].Mode != "tc" || !strings.Contains(out, "another XDP program") {
+		t.Fatalf("auto beside a foreign XDP program: %+v\n%s", st, out)
+	}
+	if link := testutil.Run(t, "ip", "-n", p.NsB, "link", "show", p.IfB); !strings.Contains(link, fmt.Sprintf("prog/xdp id %d", progID(t, prog))) {
+		t.Fatalf("the other XDP program is gone: %s", link)
+	}
+	mustRampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
 	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--force")
 	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
 	if st := hookStatus(t, p.NsB); len(st.Hooks) != 1 || !strings.HasPrefix(st.Hooks[0].Mode, "xdp") {
 		t.Fatalf("after --force: %+v", st)
 	}
+}
+
+func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
+	info, err := p.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
 }

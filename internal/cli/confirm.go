@@ -1,50 +1,37 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
-
-	"github.com/rampart-fw/rampart/internal/datapath"
 )
 
 func confirmCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "confirm",
 		Short: "Keep the policy applied with --confirm (stops its rollback)",
-		Args:  cobra.NoArgs,
+		Long: `confirm makes the pending applies of the namespace (--netns; the host's
+without it) permanent. A hook it cannot confirm is named and the command
+fails; the others are confirmed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			unlock, err := g.lock()
+			fw, err := g.recovered()
 			if err != nil {
 				return err
 			}
-			defer unlock()
-			states, err := datapath.States(g.netns, g.netns == "")
-			if err != nil {
-				return err
+			done, err := fw.Confirm()
+			var names []string
+			for _, h := range done {
+				names = append(names, h.String()+inNetns(g.netns))
 			}
-			var confirmed []string
-			for _, st := range states {
-				if st.Pending == nil {
-					continue
-				}
-				if err := datapath.Confirm(st); err != nil {
-					return err
-				}
-				confirmed = append(confirmed, st.Hook.String())
+			if g.json && err == nil {
+				return g.printJSON(map[string]any{"confirmed": nonNil(names)})
 			}
-			if len(confirmed) == 0 {
-				return errors.New("no apply is waiting for confirmation (if its deadline passed, the previous policy is back: see rampart status)")
-			}
-			if g.json {
-				return g.printJSON(map[string]any{"confirmed": confirmed})
-			}
-			for _, h := range confirmed {
+			for _, h := range names {
 				fmt.Fprintln(g.env.Stdout, "confirmed", h)
 			}
-			return nil
+			return err
 		},
 	}
 }
@@ -67,14 +54,13 @@ func watchdogCmd(g *globals) *cobra.Command {
 			case <-cmd.Context().Done():
 				return cmd.Context().Err()
 			}
-			unlock, err := datapath.Lock()
+			fw, err := g.firewall()
 			if err != nil {
 				return err
 			}
-			defer unlock()
-			hooks, err := datapath.Expired(token, time.Now())
-			for _, h := range hooks {
-				fmt.Fprintf(g.env.Stdout, "%s: not confirmed by %s: rolled back %s\n", time.Now().UTC().Format(time.RFC3339), at, h)
+			done, err := fw.RollbackExpired(token)
+			for _, d := range done {
+				fmt.Fprintf(g.env.Stdout, "%s: %s\n", time.Now().UTC().Format(time.RFC3339), d)
 			}
 			return err
 		},

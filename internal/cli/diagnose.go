@@ -46,7 +46,7 @@ with --json).`,
 			opts := diagnose.Options{Netns: g.netns, Iface: iface}
 			var stateErr error
 			if os.Geteuid() == 0 {
-				opts.States, stateErr = g.states()
+				opts.Rampart, stateErr = g.firewall()
 			}
 			tracer, traceErr := diagnose.StartTracer(g.netns)
 			if traceErr != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -224,7 +225,7 @@ func TestDetachClean(t *testing.T) {
 	if tcx := testutil.Run(t, "bpftool", "net", "show"); strings.Contains(tcx, "rampart") {
 		t.Errorf("bpftool still shows rampart programs: %s", tcx)
 	}
-	if _, err := os.Stat("/sys/fs/bpf/rampart/netns-" + p.NsB); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(os.Getenv("RAMPART_PIN_ROOT"), "netns-"+p.NsB)); !os.IsNotExist(err) {
 		t.Errorf("pins remain for the namespace: %v", err)
 	}
 	if st := hookStatus(t, p.NsB); len(st.Hooks) != 0 {
@@ -268,13 +269,13 @@ func TestConfirm(t *testing.T) {
 	if got := testutil.CountUDP(rx, 200*time.Millisecond); got != 10 {
 		t.Fatalf("after rollback %d of 10 datagrams arrived", got)
 	}
-	if _, err := rampart(t, "confirm"); err == nil {
+	if _, err := rampart(t, "confirm", "--netns", p.NsB); err == nil {
 		t.Error("confirm after a rollback should fail: nothing is pending")
 	}
 
 	// Confirmed in time: it stays past the deadline.
 	mustRampart(t, "apply", "-f", polB, "--netns", p.NsB, "--iface", p.IfB, "--confirm", "1s")
-	mustRampart(t, "confirm")
+	mustRampart(t, "confirm", "--netns", p.NsB)
 	time.Sleep(1500 * time.Millisecond)
 	if h := hookStatus(t, p.NsB).Hooks[0].PolicyHash; h == hashA {
 		t.Error("a confirmed apply was rolled back")

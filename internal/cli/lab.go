@@ -102,7 +102,7 @@ to --out and prints a table with the study's numbers beside the run's.`,
 				return err
 			}
 			defer os.RemoveAll(work)
-			opts.Dir, opts.Rampart = work, g.runner(cmd)
+			opts.Dir = work
 			if g.interactive() {
 				opts.Progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
 			}
@@ -143,18 +143,6 @@ to --out and prints a table with the study's numbers beside the run's.`,
 	fl.StringVar(&src4, "src4", lab.DefaultSrc4.String(), "range the IPv4 flood's sources are drawn from")
 	fl.StringVar(&src6, "src6", lab.DefaultSrc6.String(), "range the IPv6 flood's sources are drawn from (one /64 each)")
 	return c
-}
-
-// runner runs rampart command lines in-process for the lab's rampart layer,
-// under the same global flags.
-func (g *globals) runner(cmd *cobra.Command) lab.Runner {
-	return func(args ...string) ([]byte, error) {
-		var out, errb bytes.Buffer
-		if err := Run(cmd.Context(), Env{Stdout: &out, Stderr: &errb}, args); err != nil {
-			return out.Bytes(), fmt.Errorf("rampart %s: %w %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
-		}
-		return out.Bytes(), nil
-	}
 }
 
 // writeLabFiles writes the report as JSON, CSV and the charts.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/lab"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -58,7 +58,11 @@ func hostState(t *testing.T) map[string]string {
 		}
 		s[name] = strings.Join(keep, "\n")
 	}
-	for _, root := range []string{datapath.PinRoot, datapath.StateRoot} {
+	// The lab's rampart layer pins under roots of its own, and the tests'
+	// commands under the package's (TestMain); the host's are not touched.
+	labPins, _ := filepath.Glob(lab.PinRootPrefix + "*")
+	s["lab pins"] = strings.Join(labPins, "\n")
+	for _, root := range []string{os.Getenv("RAMPART_PIN_ROOT"), os.Getenv("RAMPART_STATE_ROOT"), engine.DefaultPinRoot, engine.DefaultStateRoot} {
 		var names []string
 		filepath.WalkDir(root, func(p string, _ os.DirEntry, _ error) error {
 			names = append(names, p)
@@ -146,10 +150,9 @@ func TestLabDropInterrupted(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	pins := filepath.Join(datapath.PinRoot, "netns-"+lab.NetnsPrefix)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		if m, _ := filepath.Glob(pins + "*"); len(m) > 0 {
+		if m, _ := filepath.Glob(lab.PinRootPrefix + "*/netns-" + lab.NetnsPrefix + "*"); len(m) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {

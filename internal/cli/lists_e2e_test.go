@@ -15,7 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
@@ -66,7 +66,11 @@ func TestSwapHammer(t *testing.T) {
 	lb := writeBigList(t, "b.txt", 2, 1_000_000, probes)
 	polA := writeFile(t, "a.yaml", fmt.Sprintf("lists:\n  big: {files: [%s]}\nrules:\n  - {name: a, src: big, action: drop}\ndefault: pass\n", la))
 	polB := writeFile(t, "b.yaml", fmt.Sprintf("lists:\n  big: {files: [%s]}\nrules:\n  - {name: b, src: big, action: pass}\ndefault: drop\n", lb))
-	hook := datapath.Hook{Netns: p.NsB, Iface: p.IfB}
+	fw, err := engine.New(engine.Options{PinRoot: os.Getenv("RAMPART_PIN_ROOT"), StateRoot: os.Getenv("RAMPART_STATE_ROOT"), Netns: p.NsB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := engine.Hook{Iface: p.IfB}
 	mustRampart(t, "apply", "-f", polA, "--netns", p.NsB, "--iface", p.IfB, "--mode", "xdp-native")
 	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
 
@@ -82,7 +86,7 @@ func TestSwapHammer(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for !stop.Load() {
-			prog, err := hook.Program()
+			prog, err := fw.Program(hook)
 			if err != nil {
 				failure = fmt.Sprintf("open the hook's program: %v", err)
 				return
@@ -139,10 +143,7 @@ func TestListInPlace(t *testing.T) {
 	pol := writeFile(t, "p.yaml", fmt.Sprintf("lists:\n  block: {files: [%s]}\nrules:\n  - {name: block, src: block, proto: udp, action: drop}\ndefault: pass\n", list))
 	ns := []string{"--netns", p.NsB}
 	mustRampart(t, append([]string{"apply", "-f", pol, "--iface", p.IfB}, ns...)...)
-	t.Cleanup(func() {
-		rampart(t, append([]string{"detach", "--iface", p.IfB}, ns...)...)
-		os.Remove(filepath.Join(datapath.ScopeStateDir(p.NsB), "list-ops"))
-	})
+	t.Cleanup(func() { rampart(t, append([]string{"detach", "--iface", p.IfB}, ns...)...) })
 	rx4 := testutil.UDPListener(t, p.NsB, p.B4, 9100)
 	rx6 := testutil.UDPListener(t, p.NsB, p.B6, 9100)
 	arrive := func() (int, int) {
@@ -208,10 +209,7 @@ func TestListSurvivesReapply(t *testing.T) {
 	pol := writeFile(t, "p.yaml", "lists:\n  block: {prefixes: [192.0.2.0/24]}\nrules:\n  - {name: block, src: block, proto: udp, action: drop}\ndefault: pass\n")
 	ns := []string{"--netns", p.NsB}
 	mustRampart(t, append([]string{"apply", "-f", pol, "--iface", p.IfB}, ns...)...)
-	t.Cleanup(func() {
-		rampart(t, append([]string{"detach", "--iface", p.IfB}, ns...)...)
-		os.Remove(filepath.Join(datapath.ScopeStateDir(p.NsB), "list-ops"))
-	})
+	t.Cleanup(func() { rampart(t, append([]string{"detach", "--iface", p.IfB}, ns...)...) })
 	rx := testutil.UDPListener(t, p.NsB, p.B4, 9200)
 	mustRampart(t, append([]string{"list", "add", "block", p.A4.String()}, ns...)...)
 	mustRampart(t, append([]string{"apply", "-f", pol, "--iface", p.IfB}, ns...)...)

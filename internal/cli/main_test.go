@@ -8,17 +8,35 @@ import (
 	"testing"
 
 	"github.com/rampart-fw/rampart/internal/cli"
+	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
-// TestMain lets this test binary act as rampart when re-executed: apply
-// --confirm starts os.Executable() as its rollback watchdog, and the tests
-// run apply in a child process to kill it.
+// TestMain gives the package's commands roots of their own (through the
+// environment, which the processes they start inherit), and lets this test
+// binary act as rampart when re-executed: apply --confirm starts
+// os.Executable() as its rollback watchdog, and tests run commands in a
+// child process to kill them.
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && (os.Args[1] == "rollback-watchdog" || os.Args[1] == "list-expire" || os.Getenv("RAMPART_TEST_AS_CLI") == "1") {
 		cli.Main()
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	state, err := os.MkdirTemp("", "rampart-state-")
+	if err != nil {
+		panic(err)
+	}
+	pin := state + "/not-on-bpffs" // without root, privileged tests skip
+	if os.Geteuid() == 0 {
+		if pin, err = testutil.TempPinRoot(); err != nil {
+			panic(err)
+		}
+	}
+	os.Setenv("RAMPART_PIN_ROOT", pin)
+	os.Setenv("RAMPART_STATE_ROOT", state)
+	code := m.Run()
+	os.RemoveAll(pin)
+	os.RemoveAll(state)
+	os.Exit(code)
 }
 
 // rampart runs one command in-process and returns its stdout and error.

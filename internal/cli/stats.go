@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/stats"
 )
 
@@ -19,17 +20,21 @@ func statsCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "stats [--watch]",
 		Short: "Per-rule packet and byte counters; --watch adds live rates",
-		Long: `stats prints the counters of every rule, of the default action and of frames
-passed unparsed (malformed) or not IP. With --watch it refreshes every
---interval and shows rates per second; with --json it prints one JSON object
-per refresh.`,
+		Long: `stats prints the counters of every rule, of the default action, of frames
+whose verdict hung on fields they lack (unparsed), of frames whose IP header
+is cut or invalid (malformed) and of frames that are not IP. With --watch it
+refreshes every --interval and shows rates per second; with --json it prints
+one JSON object per refresh.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			states, err := g.states()
+			if watch && interval <= 0 {
+				return fmt.Errorf("--interval %s: give a positive refresh interval, e.g. --interval 1s", interval)
+			}
+			fws, err := g.everywhere()
 			if err != nil {
 				return err
 			}
-			snap, err := stats.Take(states)
+			snap, err := take(fws)
 			if err != nil {
 				return err
 			}
@@ -44,7 +49,7 @@ per refresh.`,
 					return nil
 				case <-tick.C:
 				}
-				next, err := stats.Take(states)
+				next, err := take(fws)
 				if err != nil {
 					return err
 				}
@@ -96,4 +101,17 @@ func humanBits(b float64) string {
 		b /= 1000
 	}
 	return strconv.FormatFloat(b, 'f', 1, 64) + "T"
+}
+
+// take reads the counters of every firewall into one snapshot.
+func take(fws []*engine.Firewall) (stats.Snapshot, error) {
+	all := stats.Snapshot{Time: time.Now(), Rows: []stats.Row{}}
+	for _, fw := range fws {
+		s, err := fw.Stats()
+		if err != nil {
+			return all, err
+		}
+		all.Rows = append(all.Rows, s.Rows...)
+	}
+	return all, nil
 }

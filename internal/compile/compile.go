@@ -3,13 +3,13 @@
 package compile
 
 import (
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // Build compiles pol. Only lists that rules refer to are loaded; each gets one
 // bit of the membership mask.
-func Build(pol *policy.Policy) *datapath.Image {
+func Build(pol *policy.Policy) *Image {
 	bits := map[string]uint64{}
 	bit := func(name string) uint64 {
 		if b, ok := bits[name]; ok {
@@ -20,44 +20,44 @@ func Build(pol *policy.Policy) *datapath.Image {
 		return b
 	}
 
-	img := &datapath.Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction())}
+	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction())}
 	for _, r := range pol.Rules {
-		cr := datapath.Rule{Action: action(r.Action)}
+		cr := abi.Rule{Action: action(r.Action)}
 		img.NeedL4 = img.NeedL4 || r.NeedsL4()
 		for _, n := range r.Src {
 			cr.SrcLists |= bit(n)
-			cr.Match |= datapath.MatchSrc
+			cr.Match |= abi.MatchSrc
 			img.NeedSrc = true
 		}
 		for _, n := range r.Dst {
 			cr.DstLists |= bit(n)
-			cr.Match |= datapath.MatchDst
+			cr.Match |= abi.MatchDst
 			img.NeedDst = true
 		}
 		switch r.Family {
 		case 4:
-			cr.Match |= datapath.MatchIPv4
+			cr.Match |= abi.MatchIPv4
 		case 6:
-			cr.Match |= datapath.MatchIPv6
+			cr.Match |= abi.MatchIPv6
 		}
 		if r.Proto >= 0 {
-			cr.Match |= datapath.MatchProto
+			cr.Match |= abi.MatchProto
 			cr.Proto = uint8(r.Proto)
 		}
 		if r.Sport != nil {
-			cr.Match |= datapath.MatchSport
+			cr.Match |= abi.MatchSport
 			cr.SportLo, cr.SportHi = r.Sport.Lo, r.Sport.Hi
 		}
 		if r.Dport != nil {
-			cr.Match |= datapath.MatchDport
+			cr.Match |= abi.MatchDport
 			cr.DportLo, cr.DportHi = r.Dport.Lo, r.Dport.Hi
 		}
 		if r.Length != nil {
-			cr.Match |= datapath.MatchLength
+			cr.Match |= abi.MatchLength
 			cr.LenLo, cr.LenHi = r.Length.Lo, r.Length.Hi
 		}
 		if r.HasFlags {
-			cr.Match |= datapath.MatchTCPFlags
+			cr.Match |= abi.MatchTCPFlags
 			cr.FlagsSet, cr.FlagsClear = r.FlagsOn, r.FlagsOff
 		}
 		img.Rules = append(img.Rules, cr)
@@ -76,8 +76,8 @@ func Build(pol *policy.Policy) *datapath.Image {
 
 // BuildTables builds the prefix-list tables for lists, lists[i] answering
 // to bit bits[i], with the lists' in-place ops as the overlay.
-func BuildTables(lists []*policy.List, bits []uint64) datapath.Tables {
-	var t datapath.Tables
+func BuildTables(lists []*policy.List, bits []uint64) Tables {
+	var t Tables
 	buildV4(&t, lists, bits)
 	buildV6(&t, lists, bits)
 	var ops []policy.ListOp
@@ -92,7 +92,7 @@ func BuildTables(lists []*policy.List, bits []uint64) datapath.Tables {
 
 func action(a policy.Action) uint8 {
 	if a == policy.Drop {
-		return datapath.ActionDrop
+		return abi.ActionDrop
 	}
-	return datapath.ActionPass
+	return abi.ActionPass
 }

@@ -6,12 +6,12 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // lookup4 reads the IPv4 tables the way bpf/lists.h does.
-func lookup4(t *datapath.Tables, a uint32) uint64 {
+func lookup4(t *Tables, a uint32) uint64 {
 	blk := a >> 8
 	if int(blk>>6) >= len(t.V4Present) {
 		return 0
@@ -23,11 +23,11 @@ func lookup4(t *datapath.Tables, a uint32) uint64 {
 	e, lo := t.V4Tbl24[t.V4Rank[blk>>6]+uint64(bits.OnesCount64(w&(1<<(blk&63)-1)))], a&0xff
 	cls := e
 	switch {
-	case e&datapath.V4Split == 0:
-	case e&datapath.V4Tbl8Flag != 0:
-		cls = uint32(t.V4Tbl8s[e&(datapath.V4Tbl8Flag-1)].Cls[lo])
+	case e&abi.V4Split == 0:
+	case e&abi.V4Tbl8Flag != 0:
+		cls = uint32(t.V4Tbl8s[e&(abi.V4Tbl8Flag-1)].Cls[lo])
 	default:
-		b := t.V4Bitmaps[e&(datapath.V4Tbl8Flag-1)]
+		b := t.V4Bitmaps[e&(abi.V4Tbl8Flag-1)]
 		cls = uint32(b.Base)
 		if b.Bits[lo>>6]>>(lo&63)&1 == 1 {
 			cls = uint32(b.Hit)
@@ -37,7 +37,7 @@ func lookup4(t *datapath.Tables, a uint32) uint64 {
 }
 
 // lookup6 probes the IPv6 lengths longest first, as bpf/lists.h does.
-func lookup6(t *datapath.Tables, a netip.Addr) uint64 {
+func lookup6(t *Tables, a netip.Addr) uint64 {
 	for _, l := range t.V6Lens {
 		p, _ := a.Prefix(int(l))
 		for _, e := range t.V6 {
@@ -163,11 +163,11 @@ func TestOverlay(t *testing.T) {
 		{List: "zzz", Prefix: p("1.0.0.0/8"), Add: true},
 	}
 	v4, v6 := Overlay(bits, ops)
-	got := map[string]datapath.Overlay{}
+	got := map[string]abi.Overlay{}
 	for _, e := range v4 {
 		got[netip.PrefixFrom(netip.AddrFrom4(e.Key.Addr), int(e.Key.Prefixlen)).String()] = e.Overlay
 	}
-	want := map[string]datapath.Overlay{
+	want := map[string]abi.Overlay{
 		"10.0.0.0/8":  {Set: 1},
 		"10.1.0.0/16": {Set: 1, Clear: 2},
 		// The /8 add is later than the /32 del in time, and covers .3 too:

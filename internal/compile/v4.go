@@ -3,7 +3,7 @@ package compile
 import (
 	"slices"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -12,7 +12,7 @@ import (
 // per /24 block, and a second stage only for blocks that hold more than one
 // membership. Overlapping and duplicate prefixes, nested allow/deny lists
 // and adjacent ranges all come out of the sweep merged.
-func buildV4(t *datapath.Tables, lists []*policy.List, bits []uint64) {
+func buildV4(t *Tables, lists []*policy.List, bits []uint64) {
 	ranges := 0
 	for _, l := range lists {
 		ranges += len(l.V4)
@@ -22,10 +22,10 @@ func buildV4(t *datapath.Tables, lists []*policy.List, bits []uint64) {
 	}
 	b := v4Builder{t: t, classOf: map[uint64]uint32{0: 0}, blk: -1, pieces: make([]piece, 0, 256)}
 	t.V4Classes = []uint64{0}
-	t.V4Tbl24 = make([]uint32, datapath.V4Blocks)
+	t.V4Tbl24 = make([]uint32, abi.V4Blocks)
 	// A block is split only where a range starts or ends inside it; room
 	// reserved but never touched costs no memory.
-	t.V4Bitmaps = make([]datapath.V4Bitmap, 0, min(2*ranges, datapath.V4Blocks))
+	t.V4Bitmaps = make([]abi.V4Bitmap, 0, min(2*ranges, abi.V4Blocks))
 	sweepV4(lists, bits, b.segment)
 	b.flush()
 	compress(t)
@@ -33,7 +33,7 @@ func buildV4(t *datapath.Tables, lists []*policy.List, bits []uint64) {
 
 // compress keeps the entries of listed blocks only, and the bitmap and
 // ranks that find them.
-func compress(t *datapath.Tables) {
+func compress(t *Tables) {
 	full := t.V4Tbl24
 	last := len(full)
 	for last > 0 && full[last-1] == 0 {
@@ -87,7 +87,7 @@ func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask 
 }
 
 type v4Builder struct {
-	t       *datapath.Tables
+	t       *Tables
 	classOf map[uint64]uint32
 	blk     int64   // the block being assembled from pieces, or -1
 	pieces  []piece // its pieces, in address order
@@ -172,22 +172,22 @@ func (b *v4Builder) flush() {
 	case n == 1:
 		b.t.V4Tbl24[b.blk] = base
 	case n == 2:
-		bm := datapath.V4Bitmap{Base: uint16(base), Hit: uint16(hit)}
+		bm := abi.V4Bitmap{Base: uint16(base), Hit: uint16(hit)}
 		for _, p := range ps {
 			if p.cls == hit {
 				setBits(&bm.Bits, int(p.lo), int(p.hi))
 			}
 		}
-		b.t.V4Tbl24[b.blk] = datapath.V4Split | uint32(len(b.t.V4Bitmaps))
+		b.t.V4Tbl24[b.blk] = abi.V4Split | uint32(len(b.t.V4Bitmaps))
 		b.t.V4Bitmaps = append(b.t.V4Bitmaps, bm)
 	default:
-		var t8 datapath.V4Tbl8
+		var t8 abi.V4Tbl8
 		for _, p := range ps {
 			for a := int(p.lo); a <= int(p.hi); a++ {
 				t8.Cls[a] = uint16(p.cls)
 			}
 		}
-		b.t.V4Tbl24[b.blk] = datapath.V4Split | datapath.V4Tbl8Flag | uint32(len(b.t.V4Tbl8s))
+		b.t.V4Tbl24[b.blk] = abi.V4Split | abi.V4Tbl8Flag | uint32(len(b.t.V4Tbl8s))
 		b.t.V4Tbl8s = append(b.t.V4Tbl8s, t8)
 	}
 	b.blk = -1

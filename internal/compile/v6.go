@@ -5,7 +5,7 @@ import (
 	"slices"
 	"sort"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -17,7 +17,7 @@ type entry struct {
 // buildV6 gives each IPv6 prefix the union of its own lists and those of
 // every prefix containing it, so the longest match answers for all lists;
 // a prefix adding nothing to its nearest ancestor is left out (aggregation).
-func buildV6(t *datapath.Tables, lists []*policy.List, bits []uint64) {
+func buildV6(t *Tables, lists []*policy.List, bits []uint64) {
 	var all []entry
 	for i, l := range lists {
 		for _, p := range l.V6 {
@@ -27,7 +27,7 @@ func buildV6(t *datapath.Tables, lists []*policy.List, bits []uint64) {
 	lens := map[int]bool{}
 	for _, e := range closeOverAncestors(all) {
 		lens[e.p.Bits()] = true
-		t.V6 = append(t.V6, datapath.Entry[datapath.LPMKeyV6]{Key: key6(e.p), Mask: e.mask})
+		t.V6 = append(t.V6, Entry[abi.LPMKeyV6]{Key: key6(e.p), Mask: e.mask})
 	}
 	for l := range lens {
 		t.V6Lens = append(t.V6Lens, uint8(l))
@@ -35,12 +35,12 @@ func buildV6(t *datapath.Tables, lists []*policy.List, bits []uint64) {
 	sort.Slice(t.V6Lens, func(i, j int) bool { return t.V6Lens[i] > t.V6Lens[j] })
 }
 
-func key6(p netip.Prefix) datapath.LPMKeyV6 {
-	return datapath.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
+func key6(p netip.Prefix) abi.LPMKeyV6 {
+	return abi.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
 }
 
-func key4(p netip.Prefix) datapath.LPMKeyV4 {
-	return datapath.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}
+func key4(p netip.Prefix) abi.LPMKeyV4 {
+	return abi.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}
 }
 
 // closeOverAncestors walks prefixes in address order, ancestors first, with
@@ -72,7 +72,7 @@ func closeOverAncestors(all []entry) []entry {
 // Overlay turns in-place ops into overlay entries: for every op prefix, per
 // list, the latest op whose prefix contains it sets or clears the list's
 // bit. Ops on lists without a bit (not in this policy) are ignored.
-func Overlay(bits map[string]uint64, ops []policy.ListOp) (v4 []datapath.OverlayEntry[datapath.LPMKeyV4], v6 []datapath.OverlayEntry[datapath.LPMKeyV6]) {
+func Overlay(bits map[string]uint64, ops []policy.ListOp) (v4 []OverlayEntry[abi.LPMKeyV4], v6 []OverlayEntry[abi.LPMKeyV6]) {
 	type node struct {
 		p      netip.Prefix
 		latest map[string]int // list -> index of its latest op covering p
@@ -103,7 +103,7 @@ func Overlay(bits map[string]uint64, ops []policy.ListOp) (v4 []datapath.Overlay
 			}
 		}
 		stack = append(stack, n)
-		var o datapath.Overlay
+		var o abi.Overlay
 		for l, i := range n.latest {
 			if ops[i].Add {
 				o.Set |= bits[l]
@@ -112,9 +112,9 @@ func Overlay(bits map[string]uint64, ops []policy.ListOp) (v4 []datapath.Overlay
 			}
 		}
 		if p.Addr().Is4() {
-			v4 = append(v4, datapath.OverlayEntry[datapath.LPMKeyV4]{Key: key4(p), Overlay: o})
+			v4 = append(v4, OverlayEntry[abi.LPMKeyV4]{Key: key4(p), Overlay: o})
 		} else {
-			v6 = append(v6, datapath.OverlayEntry[datapath.LPMKeyV6]{Key: key6(p), Overlay: o})
+			v6 = append(v6, OverlayEntry[abi.LPMKeyV6]{Key: key6(p), Overlay: o})
 		}
 	}
 	return v4, v6

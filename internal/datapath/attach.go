@@ -4,73 +4,30 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 )
 
-// Install puts objs on hook h: it pins them as a new generation, then either
-// swaps the program of the hook's existing link (one atomic update: a packet
-// sees the old policy or the new one, never a mix) or attaches a new link.
-// meta describes the policy. Every install is pending until Confirm; past
-// deadline, Expired rolls it back. The caller holds Lock.
-func Install(h Hook, objs *Objects, meta State, mode Mode, force bool, deadline time.Time, token string) (*State, error) {
-	old, err := LoadState(h)
-	if err != nil {
-		return nil, err
-	}
-	st := meta
-	st.Hook = h
-	st.Generation = 1
-	st.AppliedAt = time.Now().UTC()
-	if old != nil {
-		st.Generation = old.Generation + 1
-	}
-	genDir := h.genDir(st.Generation)
-	os.RemoveAll(genDir)
-	if err := objs.Pin(genDir); err != nil {
-		return nil, err
-	}
-	err = h.Do(func() error {
-		var oldMode Mode
-		if old != nil {
-			oldMode = old.Mode
-		}
-		st.Mode, err = swap(h, oldMode, objs, mode, force)
-		return err
-	})
-	if err != nil {
-		os.RemoveAll(genDir)
-		return nil, fmt.Errorf("%s: %w", h, err)
-	}
+// Mode is the layer a program runs at.
+type Mode string
 
-	st.Carried = make([]Counter, SlotRule0+len(st.Rules))
-	if old != nil {
-		addCounts(old.Rules, old.Carried, &st)
-		if live, err := liveCounters(old); err == nil {
-			addCounts(old.Rules, live, &st)
-		}
+const (
+	ModeAuto       Mode = "auto"
+	ModeXDPNative  Mode = "xdp-native"
+	ModeXDPGeneric Mode = "xdp-generic"
+	ModeTC         Mode = "tc"
+)
+
+// ParseMode validates a --mode value.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case ModeAuto, ModeXDPNative, ModeXDPGeneric, ModeTC:
+		return m, nil
 	}
-	p := &Pending{Token: token, Deadline: deadline.UTC(), Previous: old}
-	if old != nil && old.Pending != nil {
-		// Still unconfirmed: a rollback returns to the last confirmed
-		// policy, not to the intermediate one.
-		p.Previous = old.Pending.Previous
-		os.RemoveAll(h.genDir(old.Generation))
-	}
-	if p.Previous != nil {
-		p.Previous.Pending = nil
-	}
-	st.Pending = p
-	return &st, saveState(&st)
+	return "", fmt.Errorf("--mode %q: use auto, xdp-native, xdp-generic or tc", s)
 }
-
-// progs is what swap needs: a program per kind.
-type progs interface{ Prog(Kind) *ebpf.Program }
 
 // Kind is the program kind a mode runs.
 func (m Mode) Kind() Kind {
@@ -80,88 +37,88 @@ func (m Mode) Kind() Kind {
 	return KindXDP
 }
 
-func loadPinnedProgs(dir string) (*Objects, error) {
-	xdp, err := ebpf.LoadPinnedProgram(dir+"/xdp", nil)
-	if err != nil {
-		return nil, err
-	}
-	tc, err := ebpf.LoadPinnedProgram(dir+"/tc", nil)
-	if err != nil {
-		xdp.Close()
-		return nil, err
-	}
-	return &Objects{XDP: xdp, TC: tc}, nil
+// Attachment is one pinned link: an interface of a network namespace ("":
+// the caller's), one direction.
+type Attachment struct {
+	Netns   string
+	Iface   string
+	Egress  bool
+	LinkPin string // where the link is pinned
 }
 
-// addCounts adds counts (indexed by the slots of rules) into to.Carried for
-// the fixed slots and for every rule of to with the same name and match.
-func addCounts(rules []RuleInfo, counts []Counter, to *State) {
-	add := func(dst, src int) {
-		if src < len(counts) {
-			to.Carried[dst].Packets += counts[src].Packets
-			to.Carried[dst].Bytes += counts[src].Bytes
+func (a Attachment) String() string {
+	dir := "ingress"
+	if a.Egress {
+		dir = "egress"
+	}
+	s := a.Iface + " " + dir
+	if a.Netns != "" {
+		s += " (netns " + a.Netns + ")"
+	}
+	return s
+}
+
+// Swap makes the attachment run the programs of objs. When the pinned link
+// runs the wanted layer, one atomic update of it: a packet sees the old
+// policy or the new one, never a mix. Otherwise a new link (XDP native and
+// generic cannot coexist on an interface, so the old link goes first: a
+// short gap, only then). It returns the mode in force and, when auto did not
+// get XDP, why.
+func Swap(a Attachment, current Mode, objs *Objects, want Mode, force bool) (Mode, string, error) {
+	var mode Mode
+	var note string
+	err := InNetns(a.Netns, func() error {
+		ifc, err := net.InterfaceByName(a.Iface)
+		if err != nil {
+			return fmt.Errorf("interface %q: %w (list them with: ip link)", a.Iface, err)
 		}
-	}
-	for slot := 0; slot < SlotRule0; slot++ {
-		add(slot, slot)
-	}
-	for i, r := range to.Rules {
-		for j, o := range rules {
-			if o.Name == r.Name && o.Match == r.Match {
-				add(SlotRule0+i, SlotRule0+j)
+		if old, err := link.LoadPinnedLink(a.LinkPin, nil); err == nil {
+			defer old.Close()
+			if (want == ModeAuto || want == current) && current != "" {
+				if err := old.Update(objs.Program(current.Kind())); err == nil {
+					mode = current
+					return nil
+				}
+				// The link is defunct (its interface went away): attach anew.
+			}
+			if err := old.Unpin(); err != nil {
+				return fmt.Errorf("unpin the old link: %w", err)
+			}
+			if err := old.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+				return fmt.Errorf("detach the old link: %w", err)
 			}
 		}
-	}
-}
-
-// liveCounters reads the counters map of a state's own generation.
-func liveCounters(st *State) ([]Counter, error) {
-	m, err := ebpf.LoadPinnedMap(st.Hook.genDir(st.Generation)+"/counters", nil)
-	if err != nil {
-		return nil, fmt.Errorf("%s: counters not found (was it detached by hand?): %w", st.Hook, err)
-	}
-	defer m.Close()
-	return ReadCounters(m)
-}
-
-// swap runs in the hook's namespace. It updates the pinned link when the mode
-// stays, otherwise attaches anew. It returns the mode in force.
-func swap(h Hook, oldMode Mode, objs progs, want Mode, force bool) (Mode, error) {
-	ifc, err := net.InterfaceByName(h.Iface)
-	if err != nil {
-		return "", fmt.Errorf("interface %q: %w (list them with: ip link)", h.Iface, err)
-	}
-	if old, err := link.LoadPinnedLink(h.linkPath(), nil); err == nil {
-		defer old.Close()
-		if want == ModeAuto || want == oldMode {
-			if err := old.Update(objs.Prog(oldMode.Kind())); err == nil {
-				return oldMode, nil
-			}
-			// The link is defunct (its interface went away): attach anew.
+		l, m, n, err := attach(a, ifc.Index, objs, want, force)
+		if err != nil {
+			return err
 		}
-		// A change of layer. XDP native and generic cannot coexist on one
-		// interface, so the old link goes first: a short gap, only here.
-		old.Unpin()
-		old.Detach()
-	}
-	l, mode, err := attach(h, ifc.Index, objs, want, force)
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	if err := l.Pin(h.linkPath()); err != nil {
-		l.Detach()
-		return "", fmt.Errorf("pin link: %w", err)
-	}
-	return mode, nil
+		defer l.Close()
+		if err := l.Pin(a.LinkPin); err != nil {
+			return errors.Join(fmt.Errorf("pin the link: %w", err), l.Detach())
+		}
+		mode, note = m, n
+		return nil
+	})
+	return mode, note, err
 }
 
-func attach(h Hook, ifindex int, objs progs, want Mode, force bool) (link.Link, Mode, error) {
-	if h.Egress || want == ModeTC {
-		return attachTC(h, ifindex, objs.Prog(KindTC))
+func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (link.Link, Mode, string, error) {
+	if a.Egress || want == ModeTC {
+		l, err := attachTC(a, ifindex, objs.Program(KindTC))
+		return l, ModeTC, "", err
 	}
-	if err := clearForeignXDP(h, ifindex, force); err != nil {
-		return nil, "", err
+	foreign, err := foreignXDP(a, ifindex, force)
+	if err != nil {
+		return nil, "", "", err
+	}
+	if foreign != "" {
+		if want != ModeAuto {
+			return nil, "", "", fmt.Errorf("%s; rampart will not replace it without --force (or use --mode tc to run beside it)", foreign)
+		}
+		// Beside another XDP program (a libxdp dispatcher, say), auto
+		// runs at tc rather than take the interface.
+		l, err := attachTC(a, ifindex, objs.Program(KindTC))
+		return l, ModeTC, foreign + ": rampart runs at tc beside it (--mode xdp-native --force would replace it)", err
 	}
 	tries := []Mode{want}
 	if want == ModeAuto {
@@ -173,50 +130,54 @@ func attach(h Hook, ifindex int, objs progs, want Mode, force bool) (link.Link, 
 		var err error
 		switch m {
 		case ModeXDPNative:
-			l, err = link.AttachXDP(link.XDPOptions{Program: objs.Prog(KindXDP), Interface: ifindex, Flags: link.XDPDriverMode})
+			l, err = link.AttachXDP(link.XDPOptions{Program: objs.Program(KindXDP), Interface: ifindex, Flags: link.XDPDriverMode})
 		case ModeXDPGeneric:
-			l, err = link.AttachXDP(link.XDPOptions{Program: objs.Prog(KindXDP), Interface: ifindex, Flags: link.XDPGenericMode})
+			l, err = link.AttachXDP(link.XDPOptions{Program: objs.Program(KindXDP), Interface: ifindex, Flags: link.XDPGenericMode})
 		case ModeTC:
-			return attachTC(h, ifindex, objs.Prog(KindTC))
+			l, err := attachTC(a, ifindex, objs.Program(KindTC))
+			return l, ModeTC, "XDP could not attach: " + errors.Join(errs...).Error(), err
 		}
 		if err == nil {
-			return l, m, nil
+			return l, m, "", nil
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", m, err))
 	}
-	return nil, "", errors.Join(errs...)
+	return nil, "", "", errors.Join(errs...)
 }
 
 // attachTC uses tcx, the link-based successor of the clsact qdisc: it can be
-// pinned and updated atomically, and other tc programs keep running after ours.
-func attachTC(h Hook, ifindex int, prog *ebpf.Program) (link.Link, Mode, error) {
+// pinned and updated atomically, and other tc programs keep running after
+// ours.
+func attachTC(a Attachment, ifindex int, prog *ebpf.Program) (link.Link, error) {
 	at := ebpf.AttachTCXIngress
-	if h.Egress {
+	if a.Egress {
 		at = ebpf.AttachTCXEgress
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at, Anchor: link.Head()})
 	if err != nil {
-		return nil, "", fmt.Errorf("tc (tcx %s): %w", h.Direction(), err)
+		return nil, fmt.Errorf("tc (tcx %s): %w", map[bool]string{false: "ingress", true: "egress"}[a.Egress], err)
 	}
-	return l, ModeTC, nil
+	return l, nil
 }
 
-// clearForeignXDP refuses to replace another program's XDP unless forced.
-func clearForeignXDP(h Hook, ifindex int, force bool) error {
+// foreignXDP describes another program's XDP on the interface ("" when
+// there is none), removing it when forced.
+func foreignXDP(a Attachment, ifindex int, force bool) (string, error) {
 	nl, err := netlink.LinkByIndex(ifindex)
 	if err != nil {
-		return err
+		return "", err
 	}
 	x := nl.Attrs().Xdp
 	if x == nil || !x.Attached || x.ProgId == 0 {
-		return nil
+		return "", nil
 	}
+	desc := fmt.Sprintf("interface %s already carries another XDP program (id %d)", a.Iface, x.ProgId)
 	if !force {
-		return fmt.Errorf("interface %s already carries another XDP program (id %d); rampart will not replace it without --force (or use --mode tc to run beside it)", h.Iface, x.ProgId)
+		return desc, nil
 	}
 	if err := netlink.LinkSetXdpFdWithFlags(nl, -1, int(x.Flags)); err == nil {
 		if nl, err = netlink.LinkByIndex(ifindex); err == nil && (nl.Attrs().Xdp == nil || !nl.Attrs().Xdp.Attached) {
-			return nil
+			return "", nil
 		}
 	}
 	// Attached through a bpf link: detach that link.
@@ -230,120 +191,76 @@ func clearForeignXDP(h Hook, ifindex int, force bool) error {
 		}
 		l.Close()
 		if err != nil {
-			return fmt.Errorf("remove the XDP link on %s: %w", h.Iface, err)
+			return "", fmt.Errorf("remove the XDP link on %s: %w", a.Iface, err)
 		}
 	}
-	return it.Err()
+	return "", it.Err()
 }
 
-// Detach removes everything rampart created for h: the link, the pinned
-// objects and the state. It is not an error when nothing was applied.
-func Detach(h Hook) error {
-	err := h.Do(func() error {
-		if l, err := link.LoadPinnedLink(h.linkPath(), nil); err == nil {
-			l.Unpin()
-			l.Detach()
-			l.Close()
+// Unlink detaches and unpins the attachment's link. No link is not an error.
+func Unlink(a Attachment) error {
+	return InNetns(a.Netns, func() error {
+		l, err := link.LoadPinnedLink(a.LinkPin, nil)
+		if errors.Is(err, errNotExist) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("%s: open the pinned link: %w", a, err)
+		}
+		defer l.Close()
+		var errs []error
+		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
+			errs = append(errs, fmt.Errorf("%s: detach: %w", a, err))
+		}
+		if err := l.Unpin(); err != nil {
+			errs = append(errs, fmt.Errorf("%s: unpin the link: %w", a, err))
+		}
+		return errors.Join(errs...)
+	})
+}
+
+// LinkState is what a pinned link does now.
+type LinkState struct {
+	Pinned  bool           // the pin exists
+	Program ebpf.ProgramID // the program it runs
+	Ifindex uint32         // 0: its interface is gone (the link is defunct)
+}
+
+// ReadLink reports the state of the attachment's pinned link. It reads
+// bpffs only: it works for a namespace that is gone.
+func ReadLink(a Attachment) (LinkState, error) {
+	var st LinkState
+	l, err := link.LoadPinnedLink(a.LinkPin, nil)
+	if errors.Is(err, errNotExist) {
+		return st, nil
+	}
+	if err != nil {
+		return st, err
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		return st, err
+	}
+	st.Pinned, st.Program = true, info.Program
+	switch {
+	case info.XDP() != nil:
+		st.Ifindex = info.XDP().Ifindex
+	case info.TCX() != nil:
+		st.Ifindex = info.TCX().Ifindex
+	}
+	return st, nil
+}
+
+// Ifindex is the index the named interface has now; 0 when there is none.
+func Ifindex(netns, iface string) (int, error) {
+	idx := 0
+	err := InNetns(netns, func() error {
+		ifc, err := net.InterfaceByName(iface)
+		if err == nil {
+			idx = ifc.Index
 		}
 		return nil
 	})
-	if err != nil {
-		return err
-	}
-	if err := os.RemoveAll(h.PinDir()); err != nil {
-		return err
-	}
-	removeEmptyDirs(filepath.Dir(h.PinDir()), PinRoot)
-	return removeState(h)
-}
-
-// Confirm makes a pending apply permanent.
-func Confirm(st *State) error {
-	if st.Pending == nil {
-		return nil
-	}
-	if prev := st.Pending.Previous; prev != nil && prev.Generation != st.Generation {
-		os.RemoveAll(st.Hook.genDir(prev.Generation))
-	}
-	st.Pending = nil
-	return saveState(st)
-}
-
-// Rollback returns a pending hook to its previous policy, or removes it when
-// there was none.
-func Rollback(st *State) error {
-	prev := st.Pending.Previous
-	if prev == nil {
-		return Detach(st.Hook)
-	}
-	h := st.Hook
-	progs, err := loadPinnedProgs(h.genDir(prev.Generation))
-	if err != nil {
-		return fmt.Errorf("%s: previous program gone, cannot roll back: %w", h, err)
-	}
-	defer progs.Close()
-	err = h.Do(func() error {
-		prev.Mode, err = swap(h, st.Mode, progs, prev.Mode, true)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("%s: roll back: %w", h, err)
-	}
-	back := *prev
-	back.Pending = nil
-	back.Carried = make([]Counter, SlotRule0+len(back.Rules))
-	copy(back.Carried, prev.Carried)
-	// What the unconfirmed generation counted itself; the previous
-	// generation's map still holds its own counts.
-	if live, err := liveCounters(st); err == nil {
-		addCounts(st.Rules, live, &back)
-	}
-	os.RemoveAll(h.genDir(st.Generation))
-	return saveState(&back)
-}
-
-// Expired rolls back every pending apply whose deadline has passed (and, with
-// a token, only that apply's). It returns the hooks it rolled back.
-func Expired(token string, now time.Time) ([]Hook, error) {
-	states, err := States("", true)
-	if err != nil {
-		return nil, err
-	}
-	var done []Hook
-	var errs []error
-	for _, st := range states {
-		p := st.Pending
-		if p == nil || now.Before(p.Deadline) || token != "" && p.Token != token {
-			continue
-		}
-		if err := Rollback(st); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		done = append(done, st.Hook)
-	}
-	return done, errors.Join(errs...)
-}
-
-// Counters returns a hook's counters per slot: the live ones plus what
-// earlier generations carried over.
-func Counters(st *State) ([]Counter, error) {
-	live, err := liveCounters(st)
-	if err != nil {
-		return nil, err
-	}
-	out := live[:SlotRule0+len(st.Rules)]
-	for i := range out {
-		if i < len(st.Carried) {
-			out[i].Packets += st.Carried[i].Packets
-			out[i].Bytes += st.Carried[i].Bytes
-		}
-	}
-	return out, nil
-}
-
-// Attached reports whether the hook's pinned link still exists.
-func Attached(h Hook) bool {
-	_, err := os.Stat(h.linkPath())
-	return err == nil
+	return idx, err
 }

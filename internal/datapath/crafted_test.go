@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
 )
@@ -27,7 +28,7 @@ unparsed: %s
 `
 
 const (
-	slotBL = datapath.SlotRule0 + iota
+	slotBL = abi.SlotRule0 + iota
 	slotUDPPorts
 	slotSynDrop
 	slotSSH
@@ -36,8 +37,8 @@ const (
 // verdicts: what a case expects: a rule's slot, or unparsed or malformed,
 // whose action is the policy's.
 const (
-	unparsedSlot  = datapath.SlotUnparsed
-	malformedSlot = datapath.SlotMalformed
+	unparsedSlot  = abi.SlotUnparsed
+	malformedSlot = abi.SlotMalformed
 )
 
 type crafted struct {
@@ -135,13 +136,13 @@ func craftedCases() []crafted {
 			f.Ext = []packet.ExtHdr{packet.Ext(0, 8), packet.Ext(43, 24), packet.Ext(51, 24), packet.Ext(60, 16)}
 			f.Fragment, f.MoreFrags = true, true
 		}).Bytes(), slotUDPPorts},
-		{"v6 allowed port behind 9 destination-options headers", with(udp(s6, d6, 9999), func(f *packet.Frame) { f.Ext = destOpts(9, 8) }).Bytes(), datapath.SlotDefault},
+		{"v6 allowed port behind 9 destination-options headers", with(udp(s6, d6, 9999), func(f *packet.Frame) { f.Ext = destOpts(9, 8) }).Bytes(), abi.SlotDefault},
 		{"v6 chain leaving the datagram", cutChain(s6), unparsedSlot},
 		{"v6 chain leaving the datagram, listed source", cutChain(listed6.String()), slotBL},
 		{"v6 first fragment with UDP cut to 2 bytes", firstFrag6(s6, 7001, 2), unparsedSlot},
 		{"v6 first fragment with UDP cut to 4 bytes", firstFrag6(s6, 7001, 4), slotUDPPorts},
 		{"v6 first fragment with UDP cut, listed source", firstFrag6(listed6.String(), 7001, 2), slotBL},
-		{"v6 non-first fragment", packet.Fragments(with(udp(s6, d6, 7001), func(f *packet.Frame) {}).Bytes(), 3, packet.Piece{Off: 0, Len: 8}, packet.Piece{Off: 8, Len: 1 << 16})[1], datapath.SlotDefault},
+		{"v6 non-first fragment", packet.Fragments(with(udp(s6, d6, 7001), func(f *packet.Frame) {}).Bytes(), 3, packet.Piece{Off: 0, Len: 8}, packet.Piece{Off: 8, Len: 1 << 16})[1], abi.SlotDefault},
 		{"v6 payload length past the frame", setPayloadLen(udp(s6, d6, 9999).Bytes(), 200), malformedSlot},
 		{"v6 payload length 0 (jumbo, BIG TCP)", setPayloadLen(udp(s6, d6, 7001).Bytes(), 0), slotUDPPorts},
 		{"v4 listed, UDP cut to 2 bytes", setTotLen(udp(listed4.String(), d4, 9999).Bytes(), 22), slotBL},
@@ -152,7 +153,7 @@ func craftedCases() []crafted {
 		{"v4 tiny first fragment, SYN to a flags rule", tinyTCP(s4, 8000, 0x02), unparsedSlot},
 		{"v4 tiny first fragment to a port no flags rule names", tinyTCP(s4, 22, 0x02), slotSSH},
 		{"v4 tiny first fragment, listed source", tinyTCP(listed4.String(), 8000, 0x02), slotBL},
-		{"v4 non-first fragment", packet.Fragments(udp(s4, d4, 7001).Bytes(), 4, packet.Piece{Off: 0, Len: 8}, packet.Piece{Off: 8, Len: 1 << 16})[1], datapath.SlotDefault},
+		{"v4 non-first fragment", packet.Fragments(udp(s4, d4, 7001).Bytes(), 4, packet.Piece{Off: 0, Len: 8}, packet.Piece{Off: 8, Len: 1 << 16})[1], abi.SlotDefault},
 		{"v4 ihl=15 totlen=40", ihl(15, 40, 7001), malformedSlot},
 		{"v4 ihl=6 totlen=28: 4 bytes of UDP", ihl(6, 28, 7001), slotUDPPorts},
 		{"v4 ihl=6 totlen=26: 2 bytes of UDP", ihl(6, 26, 7001), unparsedSlot},
@@ -179,12 +180,12 @@ func TestCrafted(t *testing.T) {
 				}
 				t.Run(fmt.Sprintf("unparsed-%s/%v/%s", unparsed, kind, c.name), func(t *testing.T) {
 					act, slot := l.run(t, c.frame)
-					want := uint8(datapath.ActionPass)
+					want := uint8(abi.ActionPass)
 					switch {
 					case c.slot == slotBL || c.slot == slotUDPPorts || c.slot == slotSynDrop:
-						want = datapath.ActionDrop
+						want = abi.ActionDrop
 					case c.slot == unparsedSlot || c.slot == malformedSlot:
-						want = map[string]uint8{"drop": datapath.ActionDrop, "pass": datapath.ActionPass}[unparsed]
+						want = map[string]uint8{"drop": abi.ActionDrop, "pass": abi.ActionPass}[unparsed]
 					}
 					if act != want || slot != c.slot {
 						t.Errorf("got action %d slot %d, want action %d slot %d", act, slot, want, c.slot)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
@@ -53,7 +54,7 @@ func TestDifferential(t *testing.T) {
 
 func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int {
 	t.Helper()
-	want := make([]uint64, datapath.NumSlots)
+	want := make([]uint64, abi.NumSlots)
 	ran := 0
 	for ran < n {
 		frame := randomFrame(rng)
@@ -71,7 +72,7 @@ func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int 
 		want[expectedSlot(v)]++
 		ran++
 	}
-	got, err := datapath.ReadCounters(l.objs.Counters)
+	got, err := l.objs.ReadCounters(abi.NumSlots)
 	if err != nil {
 		t.Fatal(err)
 	}

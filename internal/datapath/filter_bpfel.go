@@ -8,70 +8,9 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
-	"structs"
 
 	"github.com/cilium/ebpf"
 )
-
-type filterCounter struct {
-	_       structs.HostLayout
-	Packets uint64
-	Bytes   uint64
-}
-
-type filterLpmV4Key struct {
-	_         structs.HostLayout
-	Prefixlen uint32
-	Addr      [4]uint8
-}
-
-type filterLpmV6Key struct {
-	_         structs.HostLayout
-	Prefixlen uint32
-	Addr      [16]uint8
-}
-
-type filterOverlay struct {
-	_     structs.HostLayout
-	Set   uint64
-	Clear uint64
-}
-
-type filterRule struct {
-	_          structs.HostLayout
-	SrcLists   uint64
-	DstLists   uint64
-	Match      uint32
-	SportLo    uint16
-	SportHi    uint16
-	DportLo    uint16
-	DportHi    uint16
-	LenLo      uint16
-	LenHi      uint16
-	Proto      uint8
-	FlagsSet   uint8
-	FlagsClear uint8
-	Action     uint8
-	_          [4]byte
-}
-
-type filterV4Bitmap struct {
-	_    structs.HostLayout
-	Base uint16
-	Hit  uint16
-	Pad  uint32
-	Bits [4]uint64
-}
-
-type filterV4Chunk struct {
-	_     structs.HostLayout
-	Entry [16]uint32
-}
-
-type filterV4Tbl8 struct {
-	_   structs.HostLayout
-	Cls [256]uint16
-}
 
 // Names of all BPF objects in the ELF.
 //

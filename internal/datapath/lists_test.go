@@ -157,8 +157,8 @@ func TestBigListsDifferential(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer objs.Close()
-	b.check(t, rng, objs.XDP, 200_000, "loaded")
-	b.check(t, rng, objs.TC, 50_000, "loaded (tc)")
+	b.check(t, rng, objs.RampartXdp, 200_000, "loaded")
+	b.check(t, rng, objs.RampartTc, 50_000, "loaded (tc)")
 
 	// In-place changes: adds and deletes on every list, some covering
 	// others, in an order that matters.
@@ -188,7 +188,7 @@ func TestBigListsDifferential(t *testing.T) {
 		}
 	}
 	setOps(ops)
-	b.check(t, rng, objs.XDP, 200_000, "after adds and deletes")
+	b.check(t, rng, objs.RampartXdp, 200_000, "after adds and deletes")
 
 	// Expiry: half of the changes go, the rest stay.
 	var live []policy.ListOp
@@ -198,7 +198,7 @@ func TestBigListsDifferential(t *testing.T) {
 		}
 	}
 	setOps(live)
-	b.check(t, rng, objs.XDP, 200_000, "after half the changes expired")
+	b.check(t, rng, objs.RampartXdp, 200_000, "after half the changes expired")
 	setOps(nil)
-	b.check(t, rng, objs.XDP, 100_000, "after every change expired")
+	b.check(t, rng, objs.RampartXdp, 100_000, "after every change expired")
 }

@@ -1,3 +1,8 @@
+// Package datapath holds rampart's kernel objects: it loads the filter built
+// from an image (through bpf2go's generated objects), fills its maps, pins
+// it, attaches and swaps it on interfaces, and reads its counters. Where
+// objects are pinned and what state says about them belongs to
+// internal/engine.
 package datapath
 
 import (
@@ -5,37 +10,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"unsafe"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
 )
-
-// Objects is one loaded policy: an XDP and a tc program over one set of maps,
-// so that `auto` can fall back from XDP to tc without loading lists twice.
-type Objects struct {
-	XDP      *ebpf.Program
-	TC       *ebpf.Program
-	Counters *ebpf.Map
-	// Tables are the prefix-list maps by their names in bpf/lists.h.
-	Tables map[string]*ebpf.Map
-}
-
-// Names of the prefix-list maps.
-const (
-	mapPresent   = "v4_present"
-	mapRank      = "v4_rank"
-	mapTbl24     = "v4_tbl24"
-	mapBitmaps   = "v4_bitmaps"
-	mapTbl8s     = "v4_tbl8s"
-	mapClasses   = "v4_classes"
-	mapV6        = "v6_prefixes"
-	MapOverlayV4 = "overlay_v4"
-	MapOverlayV6 = "overlay_v6"
-)
-
-var tableMaps = []string{mapPresent, mapRank, mapTbl24, mapBitmaps, mapTbl8s, mapClasses, mapV6, MapOverlayV4, MapOverlayV6}
 
 // Kind selects one of the two programs.
 type Kind int
@@ -45,246 +26,176 @@ const (
 	KindTC
 )
 
-// Prog returns the program of the given kind.
-func (o *Objects) Prog(k Kind) *ebpf.Program {
+func (k Kind) String() string {
 	if k == KindTC {
-		return o.TC
+		return "tc"
 	}
-	return o.XDP
+	return "xdp"
 }
 
-// Load builds a fresh program and fresh maps holding img. Nothing is attached.
-// A verifier rejection is returned whole.
-func Load(img *Image) (*Objects, error) {
-	if len(img.Rules) > MaxRules {
-		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), MaxRules)
+// Objects is one loaded policy: an XDP and a tc program over one set of
+// maps, so that `auto` can fall back from XDP to tc without loading lists
+// twice.
+type Objects struct {
+	filterPrograms
+	filterMaps
+}
+
+// Program returns the program of the given kind.
+func (o *Objects) Program(k Kind) *ebpf.Program {
+	if k == KindTC {
+		return o.RampartTc
+	}
+	return o.RampartXdp
+}
+
+// Load builds a fresh program and fresh maps holding img. Nothing is
+// attached. A verifier rejection is returned whole.
+func Load(img *compile.Image) (*Objects, error) {
+	if len(img.Rules) > abi.MaxRules {
+		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), abi.MaxRules)
+	}
+	if err := CheckMemory(img.KernelBytes()); err != nil {
+		return nil, err
 	}
 	spec, err := loadFilter()
 	if err != nil {
-		return nil, fmt.Errorf("read embedded BPF object: %w", err)
+		return nil, fmt.Errorf("read the embedded BPF object: %w", err)
 	}
-	var rules [MaxRules]Rule
-	copy(rules[:], img.Rules)
-	for name, v := range map[string]any{
-		"rules":            rules,
-		"rule_count":       uint32(len(img.Rules)),
-		"default_action":   img.DefaultAction,
-		"unparsed_action":  img.UnparsedAction,
-		"malformed_action": img.MalformedAction,
-		"need_src_lookup":  boolByte(img.NeedSrc),
-		"need_dst_lookup":  boolByte(img.NeedDst),
-		"need_l4":          boolByte(img.NeedL4),
-	} {
-		if err := spec.Variables[name].Set(v); err != nil {
-			return nil, fmt.Errorf("set %s: %w", name, err)
-		}
-	}
-	coll, err := NewTablesCollection(spec, &img.Tables)
-	if err != nil {
+	var specs filterSpecs
+	if err := spec.Assign(&specs); err != nil {
 		return nil, err
 	}
-	defer coll.Close()
-	o := &Objects{XDP: coll.DetachProgram("rampart_xdp"), TC: coll.DetachProgram("rampart_tc"), Counters: coll.DetachMap("counters"), Tables: map[string]*ebpf.Map{}}
-	for _, name := range tableMaps {
-		o.Tables[name] = coll.DetachMap(name)
+	var rules [abi.MaxRules]abi.Rule
+	copy(rules[:], img.Rules)
+	v := &specs.filterVariableSpecs
+	for _, set := range []struct {
+		spec  *ebpf.VariableSpec
+		value any
+	}{
+		{v.Rules, rules},
+		{v.RuleCount, uint32(len(img.Rules))},
+		{v.DefaultAction, img.DefaultAction},
+		{v.UnparsedAction, img.UnparsedAction},
+		{v.MalformedAction, img.MalformedAction},
+		{v.NeedSrcLookup, img.NeedSrc},
+		{v.NeedDstLookup, img.NeedDst},
+		{v.NeedL4, img.NeedL4},
+	} {
+		if err := set.spec.Set(set.value); err != nil {
+			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
+		}
+	}
+	m := &specs.filterMapSpecs
+	ts := TableSpecs{m.V4Present, m.V4Rank, m.V4Tbl24, m.V4Bitmaps, m.V4Tbl8s, m.V4Classes, m.V6Prefixes, v.V6Lens, v.V6LenCount}
+	if err := ts.Size(&img.Tables); err != nil {
+		return nil, err
+	}
+	var objs filterObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, loadError(err)
+	}
+	o := &Objects{objs.filterPrograms, objs.filterMaps}
+	if err := o.tables().Fill(&img.Tables); err != nil {
+		o.Close()
+		return nil, fmt.Errorf("fill the prefix-list tables: %w", err)
 	}
 	return o, nil
 }
 
-// NewTablesCollection loads spec (the filter or the benchmark, both built
-// over bpf/lists.h) with its prefix-list maps sized for and filled with t.
-// It refuses tables larger than the memory available before creating
-// anything.
-func NewTablesCollection(spec *ebpf.CollectionSpec, t *Tables) (*ebpf.Collection, error) {
-	if err := checkMemory(t.KernelBytes()); err != nil {
-		return nil, err
+// loadError says what the kernel refused; a verifier log is given whole.
+func loadError(err error) error {
+	var ve *ebpf.VerifierError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("the kernel's verifier rejected the program:\n%+v", ve)
 	}
-	lens := [V6MaxLens]uint8{}
-	copy(lens[:], t.V6Lens)
-	if err := spec.Variables["v6_lens"].Set(lens); err != nil {
-		return nil, err
-	}
-	if err := spec.Variables["v6_len_count"].Set(uint32(len(t.V6Lens))); err != nil {
-		return nil, err
-	}
-	chunks := (len(t.V4Tbl24) + V4Chunk - 1) / V4Chunk
-	for name, n := range map[string]int{mapPresent: len(t.V4Present), mapRank: len(t.V4Rank), mapTbl24: chunks, mapBitmaps: len(t.V4Bitmaps), mapTbl8s: len(t.V4Tbl8s), mapClasses: len(t.V4Classes), mapV6: len(t.V6)} {
-		spec.Maps[name].MaxEntries = uint32(max(1, n))
-	}
-	coll, err := ebpf.NewCollection(spec)
-	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("the kernel's verifier rejected the program:\n%+v", ve)
-		}
-		return nil, fmt.Errorf("load BPF objects: %w", err)
-	}
-	if err := fillTables(coll.Maps, t); err != nil {
-		coll.Close()
-		return nil, fmt.Errorf("fill prefix-list tables: %w", err)
-	}
-	return coll, nil
+	return fmt.Errorf("load BPF objects: %w", err)
 }
 
-func fillTables(maps map[string]*ebpf.Map, t *Tables) error {
-	for name, data := range map[string]any{mapPresent: t.V4Present, mapRank: t.V4Rank, mapTbl24: t.V4Tbl24, mapBitmaps: t.V4Bitmaps, mapTbl8s: t.V4Tbl8s, mapClasses: t.V4Classes} {
-		if err := writeArray(maps[name], data); err != nil {
-			return fmt.Errorf("%s: %w", name, err)
-		}
-	}
-	keys := make([]LPMKeyV6, len(t.V6))
-	vals := make([]uint64, len(t.V6))
-	for i, e := range t.V6 {
-		keys[i], vals[i] = e.Key, e.Mask
-	}
-	if err := putAll(maps[mapV6], keys, vals); err != nil {
-		return fmt.Errorf("%s: %w", mapV6, err)
-	}
-	if err := PutOverlay(maps[MapOverlayV4], t.OverlayV4); err != nil {
-		return err
-	}
-	return PutOverlay(maps[MapOverlayV6], t.OverlayV6)
-}
-
-// writeArray copies a slice into an mmap-able array map in one go: far
-// faster than an update per element.
-func writeArray(m *ebpf.Map, data any) error {
-	var buf []byte
-	switch d := data.(type) {
-	case []uint32:
-		buf = unsafeBytes(d)
-	case []uint64:
-		buf = unsafeBytes(d)
-	case []V4Bitmap:
-		buf = unsafeBytes(d)
-	case []V4Tbl8:
-		buf = unsafeBytes(d)
-	}
-	if len(buf) == 0 {
-		return nil
-	}
-	mem, err := m.Memory()
-	if err != nil {
-		return err
-	}
-	_, err = mem.WriteAt(buf, 0)
-	return err
-}
-
-// unsafeBytes views a slice of plain structs as bytes, without a copy of
-// hundreds of megabytes. The element types have no padding the C side
-// would not have too (they are generated from the same header).
-func unsafeBytes[T any](s []T) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
-}
-
-// PutOverlay writes overlay entries (an LPM trie: no batch updates).
-func PutOverlay[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []OverlayEntry[K]) error {
-	for _, e := range entries {
-		if err := m.Put(e.Key, e.Overlay); err != nil {
-			return fmt.Errorf("overlay: %w", err)
-		}
-	}
-	return nil
-}
-
-// checkMemory refuses tables that would not fit in the memory available
-// (or over RAMPART_MAX_TABLE_BYTES, an operator's cap), before any map is
-// created.
-func checkMemory(need uint64) error {
-	if s := os.Getenv("RAMPART_MAX_TABLE_BYTES"); s != "" {
-		limit, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return fmt.Errorf("RAMPART_MAX_TABLE_BYTES=%q: want a number of bytes", s)
-		}
-		if need > limit {
-			return fmt.Errorf("the prefix lists need about %d bytes of kernel memory, over RAMPART_MAX_TABLE_BYTES=%d: nothing was changed", need, limit)
-		}
-	}
-	f, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return nil
-	}
-	for _, line := range strings.Split(string(f), "\n") {
-		var kb uint64
-		if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
-			if need > kb*1024*9/10 {
-				return fmt.Errorf("the prefix lists need about %d MiB of kernel memory and only %d MiB are available: nothing was changed (shorten the lists or free memory)", need>>20, kb>>10)
-			}
-			return nil
-		}
-	}
-	return nil
-}
-
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// putAll writes keys and values with batch updates, falling back to one at
-// a time where the map type has no batch operation.
-func putAll[K any, V any](m *ebpf.Map, keys []K, vals []V) error {
-	const chunk = 1 << 16
-	for i := 0; i < len(keys); i += chunk {
-		j := min(i+chunk, len(keys))
-		if _, err := m.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
-			if !errors.Is(err, ebpf.ErrNotSupported) {
-				return err
-			}
-			for k := i; k < j; k++ {
-				if err := m.Put(keys[k], vals[k]); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+func (o *Objects) tables() TableMaps {
+	return TableMaps{o.V4Present, o.V4Rank, o.V4Tbl24, o.V4Bitmaps, o.V4Tbl8s, o.V4Classes, o.V6Prefixes, o.OverlayV4, o.OverlayV6}
 }
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
-func (o *Objects) Close() {
-	for _, c := range []interface{ Close() error }{o.XDP, o.TC, o.Counters} {
-		if c != nil {
-			c.Close()
+func (o *Objects) Close() error {
+	var errs []error
+	for _, c := range o.all() {
+		if c.obj != nil {
+			errs = append(errs, c.obj.Close())
 		}
 	}
-	for _, m := range o.Tables {
-		if m != nil {
-			m.Close()
-		}
+	return errors.Join(errs...)
+}
+
+// pinned is one object of a generation and its pin name.
+type pinned struct {
+	name string
+	obj  interface {
+		Pin(string) error
+		Close() error
 	}
 }
 
-// Pin places the objects under dir, which must not exist yet.
+// all lists the objects under their names in bpf/filter.c and lists.h.
+func (o *Objects) all() []pinned {
+	return []pinned{
+		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterMapCounters, o.Counters},
+		{filterMapV4Present, o.V4Present}, {filterMapV4Rank, o.V4Rank}, {filterMapV4Tbl24, o.V4Tbl24},
+		{filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s}, {filterMapV4Classes, o.V4Classes},
+		{filterMapV6Prefixes, o.V6Prefixes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
+	}
+}
+
+// Pin places the objects in dir, which must not exist yet; on failure
+// nothing is left.
 func (o *Objects) Pin(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	objs := map[string]interface{ Pin(string) error }{"xdp": o.XDP, "tc": o.TC, "counters": o.Counters}
-	for name, m := range o.Tables {
-		objs[name] = m
-	}
-	for name, p := range objs {
-		if err := p.Pin(filepath.Join(dir, name)); err != nil {
+	for _, p := range o.all() {
+		if err := p.obj.Pin(filepath.Join(dir, p.name)); err != nil {
 			os.RemoveAll(dir)
-			return fmt.Errorf("pin %s: %w", name, err)
+			return fmt.Errorf("pin %s: %w", p.name, err)
 		}
 	}
 	return nil
 }
 
-// ReadCounters sums the per-CPU counters of every slot.
-func ReadCounters(m *ebpf.Map) ([]Counter, error) {
-	out := make([]Counter, NumSlots)
-	var percpu []Counter
-	for slot := uint32(0); slot < NumSlots; slot++ {
-		if err := m.Lookup(slot, &percpu); err != nil {
+// LoadPinned opens the objects pinned in dir.
+func LoadPinned(dir string) (*Objects, error) {
+	o := &Objects{}
+	var err error
+	prog := func(name string) *ebpf.Program {
+		var p *ebpf.Program
+		if err == nil {
+			p, err = ebpf.LoadPinnedProgram(filepath.Join(dir, name), nil)
+		}
+		return p
+	}
+	m := func(name string) *ebpf.Map {
+		var x *ebpf.Map
+		if err == nil {
+			x, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+		}
+		return x
+	}
+	o.RampartXdp, o.RampartTc, o.Counters = prog(filterProgRampartXdp), prog(filterProgRampartTc), m(filterMapCounters)
+	o.V4Present, o.V4Rank, o.V4Tbl24 = m(filterMapV4Present), m(filterMapV4Rank), m(filterMapV4Tbl24)
+	o.V4Bitmaps, o.V4Tbl8s, o.V4Classes = m(filterMapV4Bitmaps), m(filterMapV4Tbl8s), m(filterMapV4Classes)
+	o.V6Prefixes, o.OverlayV4, o.OverlayV6 = m(filterMapV6Prefixes), m(filterMapOverlayV4), m(filterMapOverlayV6)
+	if err != nil {
+		o.Close()
+		return nil, fmt.Errorf("objects pinned in %s: %w", dir, err)
+	}
+	return o, nil
+}
+
+// ReadCounters sums the per-CPU counters of the first n slots.
+func (o *Objects) ReadCounters(n int) ([]abi.Counter, error) {
+	out := make([]abi.Counter, min(n, abi.NumSlots))
+	var percpu []abi.Counter
+	for slot := range out {
+		if err := o.Counters.Lookup(uint32(slot), &percpu); err != nil {
 			return nil, fmt.Errorf("read counter %d: %w", slot, err)
 		}
 		for _, c := range percpu {
@@ -294,6 +205,9 @@ func ReadCounters(m *ebpf.Map) ([]Counter, error) {
 	}
 	return out, nil
 }
+
+// TablesMemlock is the kernel memory (memlock) of the prefix-list maps.
+func (o *Objects) TablesMemlock() uint64 { return o.tables().Memlock() }
 
 // SumPerCPU adds up slot 0 of a per-CPU array of u64 counters.
 func SumPerCPU(m *ebpf.Map) (uint64, error) {
@@ -308,32 +222,31 @@ func SumPerCPU(m *ebpf.Map) (uint64, error) {
 	return n, nil
 }
 
-func (k Kind) String() string {
-	if k == KindTC {
-		return "tc"
+// unsafeBytes views a slice of plain structs as bytes, without a copy of
+// hundreds of megabytes. The element types have no padding the C side
+// would not have too (they are generated from the same header).
+func unsafeBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
 	}
-	return "xdp"
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
 }
 
-// TablesMemlock is the kernel memory (memlock) of the prefix-list maps of a
-// collection loaded by NewTablesCollection.
-func TablesMemlock(coll *ebpf.Collection) uint64 {
-	var n uint64
-	for _, name := range tableMaps {
-		n += Memlock(coll.Maps[name])
+// PinnedPrograms returns the IDs of the programs pinned in dir (a
+// generation's), so that a link's program can be matched to its generation.
+func PinnedPrograms(dir string) []ebpf.ProgramID {
+	var ids []ebpf.ProgramID
+	for _, name := range []string{filterProgRampartXdp, filterProgRampartTc} {
+		p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, name), nil)
+		if err != nil {
+			continue
+		}
+		if info, err := p.Info(); err == nil {
+			if id, ok := info.ID(); ok {
+				ids = append(ids, id)
+			}
+		}
+		p.Close()
 	}
-	return n
+	return ids
 }
-
-// Memlock is the kernel memory a map accounts for; 0 when unknown.
-func Memlock(m *ebpf.Map) uint64 {
-	info, err := m.Info()
-	if err != nil {
-		return 0
-	}
-	b, _ := info.Memlock()
-	return b
-}
-
-// BenchSpec is the lookup benchmark's BPF object (bpf/bench.c).
-func BenchSpec() (*ebpf.CollectionSpec, error) { return loadBench() }

@@ -2,47 +2,25 @@ package datapath
 
 import (
 	"errors"
-	"fmt"
-	"path/filepath"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
 )
 
-// ScopeStateDir holds the state of the hooks of one network namespace ("":
-// the host's).
-func ScopeStateDir(netns string) string { return filepath.Join(StateRoot, Hook{Netns: netns}.scope()) }
-
-// ReplaceOverlay rewrites the in-place overlay of st's live generation. New
-// and changed entries are written first, then stale ones deleted; every
-// update is atomic for the packets that see it, and the base tables are
-// never touched.
-func ReplaceOverlay(st *State, v4 []OverlayEntry[LPMKeyV4], v6 []OverlayEntry[LPMKeyV6]) error {
-	dir := st.Hook.genDir(st.Generation)
-	o := &Objects{Tables: map[string]*ebpf.Map{}}
-	defer o.Close()
-	for _, name := range []string{MapOverlayV4, MapOverlayV6} {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
-		if err != nil {
-			return fmt.Errorf("%s: open %s: %w", st.Hook, name, err)
-		}
-		o.Tables[name] = m
-	}
-	if err := o.ReplaceOverlay(v4, v6); err != nil {
-		return fmt.Errorf("%s: %w", st.Hook, err)
-	}
-	return nil
-}
-
-// ReplaceOverlay rewrites the objects' overlay in place (see the function).
-func (o *Objects) ReplaceOverlay(v4 []OverlayEntry[LPMKeyV4], v6 []OverlayEntry[LPMKeyV6]) error {
-	if err := replaceOverlay(o.Tables[MapOverlayV4], v4); err != nil {
+// ReplaceOverlay rewrites the in-place overlay of the objects: new and
+// changed entries first, then stale ones deleted. Every update is atomic for
+// the packets that see it, and the base tables are never touched.
+func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	if err := replaceOverlay(o.OverlayV4, v4); err != nil {
 		return err
 	}
-	return replaceOverlay(o.Tables[MapOverlayV6], v6)
+	return replaceOverlay(o.OverlayV6, v6)
 }
 
-func replaceOverlay[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []OverlayEntry[K]) error {
-	if err := PutOverlay(m, entries); err != nil {
+func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K]) error {
+	if err := putOverlay(m, entries); err != nil {
 		return err
 	}
 	keep := make(map[K]bool, len(entries))
@@ -51,7 +29,7 @@ func replaceOverlay[K LPMKeyV4 | LPMKeyV6](m *ebpf.Map, entries []OverlayEntry[K
 	}
 	var stale []K
 	var k K
-	var v Overlay
+	var v abi.Overlay
 	it := m.Iterate()
 	for it.Next(&k, &v) {
 		if !keep[k] {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -31,15 +32,15 @@ func load(t testing.TB, kind datapath.Kind, yaml string) *loaded {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(objs.Close)
-	return &loaded{pol, objs, objs.Prog(kind)}
+	t.Cleanup(func() { objs.Close() })
+	return &loaded{pol, objs, objs.Program(kind)}
 }
 
 // run passes one frame through the program and returns its action and the
 // counter slot it was counted in.
 func (l *loaded) run(t testing.TB, frame []byte) (uint8, int) {
 	t.Helper()
-	before, err := datapath.ReadCounters(l.objs.Counters)
+	before, err := l.objs.ReadCounters(abi.NumSlots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,7 +48,7 @@ func (l *loaded) run(t testing.TB, frame []byte) (uint8, int) {
 	if err != nil {
 		t.Fatalf("prog run: %v", err)
 	}
-	after, err := datapath.ReadCounters(l.objs.Counters)
+	after, err := l.objs.ReadCounters(abi.NumSlots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,24 +87,24 @@ func runnable(typ ebpf.ProgramType, frame []byte) bool {
 func actionOf(typ ebpf.ProgramType, ret uint32) uint8 {
 	switch {
 	case typ == ebpf.XDP && ret == 1, typ == ebpf.SchedCLS && ret == 2:
-		return datapath.ActionDrop
+		return abi.ActionDrop
 	}
-	return datapath.ActionPass
+	return abi.ActionPass
 }
 
 // expectedSlot maps the reference verdict to the data plane's counter slot.
 func expectedSlot(v policy.Verdict) int {
 	switch {
 	case v.Class == policy.ClassMalformed:
-		return datapath.SlotMalformed
+		return abi.SlotMalformed
 	case v.Class == policy.ClassNonIP:
-		return datapath.SlotNonIP
+		return abi.SlotNonIP
 	case v.Unparsed:
-		return datapath.SlotUnparsed
+		return abi.SlotUnparsed
 	case v.Rule < 0:
-		return datapath.SlotDefault
+		return abi.SlotDefault
 	}
-	return datapath.SlotRule0 + v.Rule
+	return abi.SlotRule0 + v.Rule
 }
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }

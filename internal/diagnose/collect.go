@@ -16,7 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/stats"
+	"github.com/rampart-fw/rampart/internal/engine"
 )
 
 // Snapshot is everything diagnose reads, at one instant. Counters only grow
@@ -64,8 +64,9 @@ type Rule struct {
 type Options struct {
 	Netns string // named network namespace, "" for the current one
 	Iface string // only this interface's link, qdisc and ethtool counters
-	// States are rampart's hooks in the namespace, for its rule counters.
-	States []*datapath.State
+	// Rampart, when set, is the firewall of the namespace, for its rule
+	// counters.
+	Rampart *engine.Firewall
 }
 
 // sysctls the advice quotes. The per-namespace ones are read inside the
@@ -126,11 +127,9 @@ func Collect(o Options) (*Snapshot, error) {
 	}
 	s.readSysctls() // the host-wide ones the namespace does not show
 	s.collectIptables(o.Netns)
-	if len(o.States) > 0 {
-		if snap, err := stats.Take(o.States); err != nil {
+	if o.Rampart != nil {
+		if err := s.addRampart(o.Rampart); err != nil {
 			miss("rampart counters", err)
-		} else {
-			s.addRampart(o.States, snap)
 		}
 	}
 	return s, nil
@@ -389,10 +388,18 @@ func counterOf(s string) uint64 {
 	return n
 }
 
-func (s *Snapshot) addRampart(states []*datapath.State, snap stats.Snapshot) {
-	mode := map[string]datapath.Mode{}
-	for _, st := range states {
-		mode[st.Hook.Iface+"/"+st.Hook.Direction()] = st.Mode
+func (s *Snapshot) addRampart(fw *engine.Firewall) error {
+	hooks, err := fw.Status()
+	if err != nil {
+		return err
+	}
+	snap, err := fw.Stats()
+	if err != nil {
+		return err
+	}
+	mode := map[string]string{}
+	for _, h := range hooks {
+		mode[h.Iface+"/"+h.Direction] = string(h.Mode)
 	}
 	for _, r := range snap.Rows {
 		if r.Action != "drop" {
@@ -401,8 +408,9 @@ func (s *Snapshot) addRampart(states []*datapath.State, snap stats.Snapshot) {
 		chain := r.Iface + "/" + r.Direction
 		name := "rampart/" + chain + "/" + r.Name
 		s.Counters[name] = r.Packets
-		s.Rules[name] = Rule{Owner: "rampart", Table: string(mode[chain]), Chain: chain, Text: r.Name}
+		s.Rules[name] = Rule{Owner: "rampart", Table: mode[chain], Chain: chain, Text: r.Name}
 	}
+	return nil
 }
 
 // NetnsInode is the nsfs inode of a named namespace ("" for this process's),

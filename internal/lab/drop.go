@@ -26,8 +26,7 @@ type Options struct {
 	Src4     netip.Prefix // range the IPv4 flood's sources are spread over
 	Src6     netip.Prefix
 	Sources  int    // flood sources, and so blocklist prefixes, per family
-	Dir      string // where the list and policy files for the rampart layer go
-	Rampart  Runner
+	Dir      string // where the list and policy files (and the rampart layer's state) go
 	// Progress, when set, hears what the run is doing.
 	Progress func(msg string)
 }
@@ -120,10 +119,11 @@ func Drop(ctx context.Context, o Options) (*Report, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
-	if o.Rampart == nil || o.Dir == "" {
-		return nil, errors.New("lab: Options need Rampart and Dir")
+	if o.Dir == "" {
+		return nil, errors.New("lab: Options need Dir")
 	}
 	sweepStale()
+	defer os.RemoveAll(PinRoot()) // what the rampart layer's detach leaves: empty directories
 	if missing := missingTool([]string{"ip", "ethtool"}); missing != "" {
 		return nil, errors.New(missing)
 	}
@@ -239,7 +239,7 @@ func measureOnce(ctx context.Context, o Options, p *plan, seq int, cpu cpuPlan) 
 		return s, "", err
 	}
 	defer objs.Close()
-	r := &row{topo: topo, family: f.family, objs: objs, appCPU: cpu.app, list: p.list, rampart: o.Rampart, ipt: iptablesFor(f.family)}
+	r := &row{topo: topo, family: f.family, objs: objs, appCPU: cpu.app, list: p.list, dir: o.Dir, ipt: iptablesFor(f.family)}
 	act, err := l.setup(r)
 	if err != nil {
 		var skip skipError

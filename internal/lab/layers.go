@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/stats"
+	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // A layer is one row of the study: what to set up in the receiving
@@ -41,18 +43,14 @@ type active struct {
 // row is what a layer's setup works with: one family's flood into a fresh
 // topology.
 type row struct {
-	topo    *topology
-	family  int
-	objs    *labObjects
-	appCPU  int
-	list    string // the flood's sources as a list file
-	rampart Runner
-	ipt     string // iptables binary for the family
+	topo   *topology
+	family int
+	objs   *labObjects
+	appCPU int
+	list   string // the flood's sources as a list file
+	dir    string // the run's work directory
+	ipt    string // iptables binary for the family
 }
-
-// Runner runs a rampart command line in-process and returns its stdout:
-// the rampart layer applies the real policy through the real command.
-type Runner func(args ...string) ([]byte, error)
 
 // Layers are the study's rows in its order (slowest first), then the ones
 // it did not have.
@@ -460,35 +458,34 @@ default: pass
 
 const rampartRule = "drop-flood"
 
+// setupRampart applies the real policy through the engine, as `rampart
+// apply` does, on roots of the run's own: the host's rampart state is never
+// touched.
 func setupRampart(r *row) (*active, error) {
-	policy := strings.TrimSuffix(r.list, ".txt") + ".yaml"
-	if err := os.WriteFile(policy, []byte(fmt.Sprintf(rampartPolicy, r.list, floodPort)), 0o644); err != nil {
+	file := strings.TrimSuffix(r.list, ".txt") + ".yaml"
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(rampartPolicy, r.list, floodPort)), 0o644); err != nil {
 		return nil, err
 	}
-	out, err := r.rampart("--netns", r.topo.rxNs, "apply", "-f", policy, "--iface", r.topo.rxIf, "--json")
+	fw, err := engine.New(engine.Options{PinRoot: PinRoot(), StateRoot: filepath.Join(r.dir, "rampart-state"), Netns: r.topo.rxNs})
+	if err != nil {
+		return nil, err
+	}
+	pol, err := policy.Load(file, policy.Options{})
+	if err != nil {
+		return nil, err
+	}
+	res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: []string{r.topo.rxIf}})
 	if err != nil {
 		return nil, fmt.Errorf("rampart apply: %w", err)
 	}
-	var applied struct {
-		Applied []struct{ Mode string } `json:"applied"`
-	}
-	if err := json.Unmarshal(out, &applied); err != nil || len(applied.Applied) != 1 {
-		return nil, fmt.Errorf("rampart apply --json: unexpected output %q", out)
-	}
-	hook := datapath.Hook{Netns: r.topo.rxNs, Iface: r.topo.rxIf}
 	teardown := func() error {
-		if _, err := r.rampart("--netns", r.topo.rxNs, "detach", "--iface", r.topo.rxIf); err != nil {
-			// Still remove the pins: the namespace is about to go.
-			return fmt.Errorf("rampart detach: %w (%v)", err, datapath.Detach(hook))
+		if _, err := fw.Detach([]string{r.topo.rxIf}); err != nil {
+			return fmt.Errorf("rampart detach: %w", err)
 		}
 		return nil
 	}
 	count := func() (uint64, error) {
-		st, err := datapath.LoadState(hook)
-		if err != nil || st == nil {
-			return 0, fmt.Errorf("rampart state of %s: %v", hook, err)
-		}
-		snap, err := stats.Take([]*datapath.State{st})
+		snap, err := fw.Stats()
 		if err != nil {
 			return 0, err
 		}
@@ -497,7 +494,7 @@ func setupRampart(r *row) (*active, error) {
 				return row.Packets, nil
 			}
 		}
-		return 0, fmt.Errorf("rampart has no rule %s on %s", rampartRule, hook)
+		return 0, fmt.Errorf("rampart has no rule %s on %s", rampartRule, r.topo.rxIf)
 	}
-	return &active{count: count, teardown: teardown, mode: applied.Applied[0].Mode}, nil
+	return &active{count: count, teardown: teardown, mode: string(res.Applied[0].Mode)}, nil
 }

@@ -209,32 +209,31 @@ func output(args ...string) ([]byte, error) {
 	return out, nil
 }
 
-// sweepStale removes namespaces, rampart pins and state left by lab runs
-// whose process is gone (killed with SIGKILL, or the machine's power).
+// PinRoot is the bpffs directory of this run's rampart layer; the pins of
+// every run live under PinRootPrefix followed by its process id.
+func PinRoot() string { return fmt.Sprintf("%s%d", PinRootPrefix, os.Getpid()) }
+
+// PinRootPrefix starts the pin root of every lab run.
+const PinRootPrefix = "/sys/fs/bpf/rampart-lab-"
+
+// sweepStale removes namespaces and rampart pins left by lab runs whose
+// process is gone (killed with SIGKILL, or the machine's power).
 func sweepStale() {
-	stale := func(name string) bool {
-		rest, ok := strings.CutPrefix(name, NetnsPrefix)
-		if !ok {
-			return false
-		}
+	stale := func(rest string) bool {
 		pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
 		return err == nil && pid != os.Getpid() && unix.Kill(pid, 0) != nil
 	}
 	entries, _ := os.ReadDir("/run/netns")
 	for _, e := range entries {
-		if stale(e.Name()) {
-			datapath.Detach(datapath.Hook{Netns: e.Name(), Iface: "lab-rx"})
+		if rest, ok := strings.CutPrefix(e.Name(), NetnsPrefix); ok && stale(rest) {
+			// The namespace takes its interfaces, and so rampart's links.
 			exec.Command("ip", "netns", "del", e.Name()).Run()
 		}
 	}
-	// Pins and state of a namespace that is already gone: the link went
-	// with the namespace's interface, the files are all that is left.
-	for _, root := range []string{datapath.PinRoot, datapath.StateRoot} {
-		dirs, _ := os.ReadDir(root)
-		for _, d := range dirs {
-			if ns, ok := strings.CutPrefix(d.Name(), "netns-"); ok && stale(ns) {
-				os.RemoveAll(filepath.Join(root, d.Name()))
-			}
+	roots, _ := filepath.Glob(PinRootPrefix + "*")
+	for _, root := range roots {
+		if stale(strings.TrimPrefix(root, PinRootPrefix)) {
+			os.RemoveAll(root)
 		}
 	}
 }

@@ -3,12 +3,14 @@ package policy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math/big"
 	"net/netip"
 	"os"
+	"syscall"
 )
 
 // Options control how list files are read.
@@ -18,6 +20,57 @@ type Options struct {
 	Lenient bool
 	// Progress, if set, is called now and then while a list file is read.
 	Progress func(file string, read, total int64)
+	// Context, if set, interrupts reading when it ends.
+	Context context.Context
+}
+
+// openRegular opens a file to read, refusing what is not a regular file: a
+// FIFO would hang the reader, a device (/dev/zero) never end.
+func openRegular(path string) (*os.File, os.FileInfo, error) {
+	// O_NONBLOCK: opening a FIFO without a writer does not wait for one.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if !st.Mode().IsRegular() {
+		f.Close()
+		return nil, nil, fmt.Errorf("not a regular file (%s): give a file", fileKind(st.Mode()))
+	}
+	return f, st, nil
+}
+
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&os.ModeCharDevice != 0:
+		return "a character device"
+	case m&os.ModeDevice != 0:
+		return "a block device"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	}
+	return m.Type().String()
+}
+
+// readRegular reads a whole regular file, interruptibly.
+func readRegular(path string, ctx context.Context) ([]byte, error) {
+	f, _, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if ctx != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	return io.ReadAll(f)
 }
 
 // One line of every format is one entry, optionally followed by a comment:
@@ -34,15 +87,11 @@ type Options struct {
 // readFile reads one list file into b. family 4 or 6 refuses entries of the
 // other family.
 func (b *listBuilder) readFile(path string, family int, opt Options) error {
-	f, err := os.Open(path)
+	f, st, err := openRegular(path)
 	if err != nil {
 		return fmt.Errorf("list file %s: %w", path, err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("list file %s: %w", path, err)
-	}
 	if st.Size() == 0 {
 		return &Error{File: path, Msg: "file is empty (0 bytes); an empty list file is usually a failed download (for an intentionally empty list, write prefixes: [])"}
 	}
@@ -54,6 +103,9 @@ func (b *listBuilder) readFile(path string, family int, opt Options) error {
 		read += int64(len(text))
 		if errors.Is(err, bufio.ErrBufferFull) {
 			return &Error{File: path, Line: line, Msg: "line longer than 1 MiB: this is not a list file"}
+		}
+		if line == 1 {
+			text = bytes.TrimPrefix(text, utf8BOM)
 		}
 		if len(text) > 0 {
 			if bytes.IndexByte(text, 0) >= 0 {
@@ -69,8 +121,13 @@ func (b *listBuilder) readFile(path string, family int, opt Options) error {
 				}
 			}
 		}
-		if opt.Progress != nil && line&(1<<18-1) == 0 {
-			opt.Progress(path, read, st.Size())
+		if line&(1<<16-1) == 0 {
+			if opt.Context != nil && opt.Context.Err() != nil {
+				return fmt.Errorf("list file %s: interrupted at line %d: %w", path, line, opt.Context.Err())
+			}
+			if opt.Progress != nil && line&(1<<18-1) == 0 {
+				opt.Progress(path, read, st.Size())
+			}
 		}
 		if err == io.EOF {
 			break

@@ -1,14 +1,17 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	goccy "github.com/goccy/go-yaml"
+	goccyparser "github.com/goccy/go-yaml/parser"
 	"gopkg.in/yaml.v3"
 )
 
@@ -34,9 +37,9 @@ func (e *Error) Error() string {
 // Load reads and validates a policy file. List files are resolved relative to
 // the policy file's directory.
 func Load(path string, opt Options) (*Policy, error) {
-	data, err := os.ReadFile(path)
+	data, err := readRegular(path, opt.Context)
 	if err != nil {
-		return nil, fmt.Errorf("read policy: %w", err)
+		return nil, fmt.Errorf("read policy %s: %w", path, err)
 	}
 	return parse(path, data, opt)
 }
@@ -46,19 +49,47 @@ func Parse(path string, data []byte) (*Policy, error) { return parse(path, data,
 
 func parse(path string, data []byte, opt Options) (*Policy, error) {
 	p := &parser{file: path, dir: filepath.Dir(path), opt: opt}
+	data = bytes.TrimPrefix(data, utf8BOM)
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
-		return nil, &Error{File: path, Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, yamlError(path, data, err)
 	}
 	if len(doc.Content) == 0 {
 		return nil, &Error{File: path, Line: 1, Msg: "empty policy: it needs at least a rules list"}
+	}
+	var next yaml.Node
+	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return nil, yamlError(path, data, err)
+		}
+		return nil, &Error{File: path, Line: next.Line, Msg: "a second YAML document (after ---): a policy is one document"}
 	}
 	pol, err := p.policy(doc.Content[0])
 	if err != nil {
 		return nil, err
 	}
 	pol.File = path
+	pol.Warnings = unreachable(path, pol)
 	return pol, nil
+}
+
+var utf8BOM = []byte("\xef\xbb\xbf")
+
+// yamlError locates a YAML syntax error. yaml.v3, which reads the policy
+// into nodes, reports a parser error at a 0-based mark (one line early, or
+// with no line when it is on the first); goccy/go-yaml's parser, which keeps
+// every token's position, locates it instead.
+func yamlError(path string, data []byte, err error) error {
+	var se *goccy.SyntaxError
+	if _, perr := goccyparser.ParseBytes(data, 0); errors.As(perr, &se) && se.Token != nil && se.Token.Position.Line >= 1 {
+		n, msg := se.Token.Position.Line, se.Message
+		if lines := strings.Split(string(data), "\n"); n <= len(lines) && strings.TrimSpace(lines[n-1]) != "" {
+			msg += fmt.Sprintf(" (%q)", strings.TrimSpace(lines[n-1]))
+		}
+		return &Error{File: path, Line: n, Field: "syntax", Msg: msg}
+	}
+	return &Error{File: path, Line: 1, Field: "syntax", Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
 }
 
 type parser struct {
@@ -259,6 +290,9 @@ func validName(s string) error {
 // IPv6 header.
 func ParsePrefix(s string) (netip.Prefix, error) {
 	s = strings.TrimSpace(s)
+	if addr, _, ok := strings.Cut(s, "/"); ok && strings.Contains(addr, "%") {
+		return netip.Prefix{}, fmt.Errorf("%q: a zone (%s) has no place in a list: addresses on the wire carry none", s, addr[strings.Index(addr, "%"):])
+	}
 	if strings.Contains(s, "/") {
 		pfx, err := netip.ParsePrefix(s)
 		if err != nil {
@@ -270,7 +304,10 @@ func ParsePrefix(s string) (netip.Prefix, error) {
 	if err != nil {
 		return netip.Prefix{}, fmt.Errorf("bad address %q: neither an IP address nor a CIDR prefix", s)
 	}
-	addr = addr.WithZone("").Unmap()
+	if addr.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("%q: a zone (%%%s) has no place in a list: addresses on the wire carry none", s, addr.Zone())
+	}
+	addr = addr.Unmap()
 	return netip.PrefixFrom(addr, addr.BitLen()), nil
 }
 

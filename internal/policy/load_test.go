@@ -74,7 +74,7 @@ func TestErrors(t *testing.T) {
 		{"bad default", "default: maybe\nrules: []", `p.yaml:1: default: "maybe"`},
 		{"list twice key", "lists:\n  x: {prefixes: [10.0.0.0/8], prefixes: [10.0.0.0/8]}\nrules: []", `p.yaml:2: lists.x: key "prefixes" given twice`},
 		{"list without source", "lists:\n  x: {}\nrules: []", `p.yaml:2: lists.x: needs files or prefixes`},
-		{"bad yaml", "rules: [", "p.yaml: "},
+		{"bad yaml", "rules: [", "p.yaml:1: syntax: sequence end token ']' not found"},
 		{"empty file", "", "p.yaml:1: empty policy"},
 		{"rules not a list", "rules: {a: 1}", "p.yaml:1: rules: must be a list"},
 		{"icmp with v6", "rules:\n  - {name: a, proto: icmp, family: 6, action: drop}", "icmp is IPv4's"},

@@ -5,6 +5,7 @@ package policy
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -109,6 +110,18 @@ type Policy struct {
 	// defence must not let a crafted frame around a drop rule, and the
 	// kernel discards such frames anyway, but tiny first fragments.
 	Unparsed Action
+	// Warnings are legal but suspect things (a rule that can never match).
+	Warnings []Error
+}
+
+// ListNames are the names of the policy's lists, sorted.
+func (pol *Policy) ListNames() []string {
+	names := make([]string, 0, len(pol.Lists))
+	for n := range pol.Lists {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // MaxRules and MaxLists bound what one policy may hold: rules are matched in

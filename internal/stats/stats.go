@@ -1,12 +1,9 @@
-// Package stats turns rampart's per-CPU counters into per-rule totals and
-// rates.
+// Package stats holds rampart's counters as rows (per rule and per fixed
+// slot, per hook) and turns two snapshots into rates. internal/engine reads
+// the counters.
 package stats
 
-import (
-	"time"
-
-	"github.com/rampart-fw/rampart/internal/datapath"
-)
+import "time"
 
 // Row is one counter of one hook: a rule, the default, malformed or non-IP.
 type Row struct {
@@ -26,30 +23,6 @@ type Row struct {
 type Snapshot struct {
 	Time time.Time `json:"time"`
 	Rows []Row     `json:"rules"`
-}
-
-// Take reads the counters of every state.
-func Take(states []*datapath.State) (Snapshot, error) {
-	s := Snapshot{Time: time.Now(), Rows: []Row{}}
-	for _, st := range states {
-		counts, err := datapath.Counters(st)
-		if err != nil {
-			return s, err
-		}
-		row := func(kind, name, action string, c datapath.Counter) Row {
-			return Row{Iface: st.Hook.Iface, Netns: st.Hook.Netns, Direction: st.Hook.Direction(),
-				Kind: kind, Name: name, Action: action, Packets: c.Packets, Bytes: c.Bytes}
-		}
-		for i, r := range st.Rules {
-			s.Rows = append(s.Rows, row("rule", r.Name, r.Action, counts[datapath.SlotRule0+i]))
-		}
-		s.Rows = append(s.Rows,
-			row("default", "default", st.Default, counts[datapath.SlotDefault]),
-			row("unparsed", "unparsed", st.Unparsed, counts[datapath.SlotUnparsed]),
-			row("malformed", "malformed", st.Malformed, counts[datapath.SlotMalformed]),
-			row("non-ip", "non-ip", "pass", counts[datapath.SlotNonIP]))
-	}
-	return s, nil
 }
 
 // Rates fills cur's per-second rates from the previous snapshot. Rows are

@@ -1,0 +1,12 @@
+// Package abi is the kernel ABI of rampart's filter: the structs and
+// constants of bpf/common.h, generated from the filter object's BTF by ./gen
+// (never written by hand). It imports nothing of the kernel and builds for
+// any GOOS, so the packages that compute map contents (policy, compile) do
+// too.
+package abi
+
+// The filter's loader (bpf2go, without types: they are here) goes to
+// internal/datapath; this package's types come from that object, so one
+// directive list keeps the order.
+//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -tags linux -target bpfel -no-global-types -go-package datapath -output-dir ../datapath -cflags "-O2 -g -Wall -Werror -I../../bpf/include" filter ../../bpf/filter.c -- -I../../bpf
+//go:generate go run ./gen -o abi_gen.go ../datapath/filter_bpfel.o

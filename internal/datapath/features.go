@@ -1,0 +1,72 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+)
+
+// A Feature is a kernel capability rampart needs, probed before anything
+// changes: a missing one is one line naming it and the kernel that has it.
+type Feature struct {
+	Name   string
+	Kernel string // the first Linux release with it
+	probe  func() error
+	once   sync.Once
+	err    error
+}
+
+// Require returns an error naming the first feature the kernel lacks.
+func Require(fs ...*Feature) error {
+	for _, f := range fs {
+		f.once.Do(func() { f.err = f.probe() })
+		if errors.Is(f.err, ebpf.ErrNotSupported) {
+			return fmt.Errorf("this kernel lacks %s (Linux %s or newer)", f.Name, f.Kernel)
+		}
+		if f.err != nil {
+			return fmt.Errorf("probe for %s: %w", f.Name, f.err)
+		}
+	}
+	return nil
+}
+
+func helper(t ebpf.ProgramType, fn asm.BuiltinFunc) func() error {
+	return func() error { return features.HaveProgramHelper(t, fn) }
+}
+
+var (
+	// The parser walks VLAN stacks and IPv6 header chains with bpf_loop.
+	FeatureLoop = &Feature{Name: "the bpf_loop helper", Kernel: "5.17", probe: helper(ebpf.XDP, asm.FnLoop)}
+	// The walks read through bpf_xdp_load_bytes.
+	FeatureXDPLoadBytes = &Feature{Name: "the bpf_xdp_load_bytes helper", Kernel: "5.18", probe: helper(ebpf.XDP, asm.FnXdpLoadBytes)}
+	// tc programs attach through tcx links.
+	FeatureTCX = &Feature{Name: "tcx links", Kernel: "6.6", probe: probeTCX}
+	// The filter's programs as a whole.
+	FeaturesFilter = []*Feature{FeatureLoop, FeatureXDPLoadBytes, FeatureTCX}
+)
+
+// probeTCX asks for a tcx link on an interface that cannot exist: a kernel
+// with tcx says so (no such device), one without it cannot parse the
+// request. Nothing is attached either way.
+func probeTCX() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.SchedCLS, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()}})
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+	l, err := link.AttachTCX(link.TCXOptions{Interface: 0x7fffffff, Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err == nil {
+		l.Close()
+		return nil
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return err
+	}
+	return nil
+}

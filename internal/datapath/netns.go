@@ -1,0 +1,62 @@
+package datapath
+
+import (
+	"fmt"
+	"io/fs"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+)
+
+var errNotExist = fs.ErrNotExist
+
+// InNetns runs fn on a thread switched into the named network namespace
+// ("" is the caller's), the way `ip -n` does: interface indexes, netlink and
+// link creation then refer to that namespace, while the mount namespace, and
+// so the host's bpffs, stays ours.
+func InNetns(name string, fn func() error) error {
+	if name == "" {
+		return fn()
+	}
+	target, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+	}
+	defer target.Close()
+
+	errc := make(chan error, 1)
+	go func() {
+		// The thread is discarded, not unlocked, if it cannot be put back.
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("enter network namespace %q: %w", name, err)
+			return
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			errc <- fmt.Errorf("leave network namespace %q: %w", name, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// NetnsExists reports an error naming a network namespace that does not exist.
+func NetnsExists(name string) error {
+	if name == "" {
+		return nil
+	}
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+	}
+	return h.Close()
+}

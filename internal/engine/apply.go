@@ -1,0 +1,395 @@
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// ApplyRequest is one apply: a validated policy onto interfaces.
+type ApplyRequest struct {
+	Policy *policy.Policy
+	Ifaces []string
+	Mode   datapath.Mode // "" is auto
+	Egress bool
+	Force  bool // replace another program's XDP
+	// Confirm leaves the apply pending: unless Confirm is called before the
+	// deadline, the previous policies come back by themselves, even if this
+	// process dies. Zero confirms before Apply returns.
+	Confirm time.Duration
+}
+
+// Applied is one hook an apply changed.
+type Applied struct {
+	Hook
+	Mode       datapath.Mode `json:"mode"`
+	Generation int           `json:"generation"`
+	PolicyHash string        `json:"policy_hash"`
+	Rules      int           `json:"rules"`
+	Note       string        `json:"note,omitempty"` // why auto did not get XDP
+}
+
+// ApplyResult says what an apply did.
+type ApplyResult struct {
+	Applied         []Applied
+	ConfirmDeadline time.Time // zero unless the request asked for confirmation
+	// LiveChanges are the in-place changes (rampart list add|del) to the
+	// policy's lists that still hold: they override the list files.
+	LiveChanges []policy.ListOp
+	// Recovered says what earlier commands left and this one undid.
+	Recovered []string
+}
+
+// transactionWindow: an apply without Confirm confirms before it returns;
+// its journal's deadline is only a backstop.
+const transactionWindow = 2 * time.Minute
+
+// afterSwap, when set (by tests), runs right after each link swap: where a
+// crash hurts most.
+var afterSwap func()
+
+// Apply compiles the policy and swaps it onto every hook, all or nothing:
+// when one hook fails, the hooks already changed go back.
+func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
+	pol := req.Policy
+	if len(req.Ifaces) == 0 {
+		return nil, errors.New("no interface to apply to")
+	}
+	mode := req.Mode
+	if mode == "" {
+		mode = datapath.ModeAuto
+	}
+	if req.Egress && (mode == datapath.ModeXDPNative || mode == datapath.ModeXDPGeneric) {
+		return nil, fmt.Errorf("mode %s with egress: XDP sees only incoming packets; egress uses tc", mode)
+	}
+	if req.Confirm < 0 {
+		return nil, errors.New("the confirmation window must be positive")
+	}
+	if err := datapath.Require(datapath.FeaturesFilter...); err != nil {
+		return nil, err
+	}
+	var hooks []Hook
+	for _, ifc := range req.Ifaces {
+		idx, err := datapath.Ifindex(fw.netns, ifc)
+		if err != nil {
+			return nil, err
+		}
+		if idx == 0 {
+			return nil, fmt.Errorf("--iface %s: no such interface%s (list them with: ip link)", ifc, fw.inNetns())
+		}
+		hooks = append(hooks, Hook{Iface: ifc, Egress: req.Egress})
+	}
+	if err := datapath.EnsureBPFFS(fw.pinRoot); err != nil {
+		return nil, err
+	}
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	res := &ApplyResult{}
+	if res.Recovered, err = fw.recoverLocked(time.Now()); err != nil {
+		return nil, fmt.Errorf("finish what an earlier command left: %w (nothing was changed)", err)
+	}
+
+	// In-place list changes still live carry over into the new tables.
+	ops, err := fw.liveOps()
+	if err != nil {
+		return nil, err
+	}
+	for _, op := range ops {
+		if l := pol.Lists[op.List]; l != nil {
+			l.Ops = append(l.Ops, op)
+			res.LiveChanges = append(res.LiveChanges, op)
+		}
+	}
+	img := compile.Build(pol)
+	objs, err := datapath.Load(img)
+	if err != nil {
+		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+	}
+	defer objs.Close()
+
+	meta := describe(pol, img)
+	tx := &transaction{fw: fw, token: newToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
+	if req.Confirm > 0 {
+		tx.deadline = time.Now().Add(req.Confirm)
+		res.ConfirmDeadline = tx.deadline.UTC()
+	}
+	for _, h := range hooks {
+		a, err := tx.install(h, objs, meta, mode, req.Force)
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("%s: %w", h, err), tx.rollback())
+		}
+		res.Applied = append(res.Applied, a)
+	}
+	if req.Confirm > 0 {
+		if err := fw.spawn("rollback.log", "rollback-watchdog", "--token", tx.token, "--at", tx.deadline.UTC().Format(time.RFC3339Nano)); err != nil {
+			return nil, errors.Join(fmt.Errorf("start the rollback watchdog: %w", err), tx.rollback())
+		}
+		return res, nil
+	}
+	if err := tx.commit(); err != nil {
+		return res, fmt.Errorf("the new policy is live, but cleaning up after it failed: %w", err)
+	}
+	return res, nil
+}
+
+func (fw *Firewall) inNetns() string {
+	if fw.netns == "" {
+		return ""
+	}
+	return " in network namespace " + fw.netns
+}
+
+// describe is the description every hook's new generation starts from.
+func describe(pol *policy.Policy, img *compile.Image) generation {
+	file, err := filepath.Abs(pol.File)
+	if err != nil {
+		file = pol.File
+	}
+	g := generation{PolicyFile: file, PolicyHash: img.Hash(), Default: pol.Default.String(),
+		Unparsed: pol.Unparsed.String(), Malformed: pol.MalformedAction().String(), Lists: map[string]ListInfo{}}
+	for _, r := range pol.Rules {
+		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
+	}
+	for name, bit := range img.Lists {
+		g.Lists[name] = ListInfo{Bit: bit, Family: pol.Lists[name].Family}
+	}
+	return g
+}
+
+func newToken() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// transaction is one apply across hooks.
+type transaction struct {
+	fw       *Firewall
+	token    string
+	watched  bool
+	deadline time.Time
+	done     []step
+}
+
+// step is one hook the transaction changed, and how to put it back.
+type step struct {
+	hook     Hook
+	gen      int      // the generation installed
+	wasLive  int      // the generation it replaced (0: none)
+	wasOwned *pending // the journal it replaced (an earlier apply still pending)
+}
+
+// install pins objs as the hook's next generation, describes it, journals
+// the intent, and swaps the hook to it.
+func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, want datapath.Mode, force bool) (Applied, error) {
+	fw := tx.fw
+	st, err := fw.state(h)
+	if err != nil {
+		return Applied{}, err
+	}
+	old, err := fw.readGen(h, st.live)
+	if err != nil {
+		return Applied{}, err
+	}
+	g := meta
+	g.N = 1
+	if len(st.gens) > 0 {
+		g.N = st.gens[len(st.gens)-1] + 1
+	}
+	g.AppliedAt = time.Now().UTC()
+	g.Carried = fw.carry(h, old, g.Rules)
+	if old != nil {
+		g.Mode = old.Mode
+	}
+	if err := os.MkdirAll(fw.pinDir(h), 0o700); err != nil {
+		return Applied{}, needRoot(err)
+	}
+	if err := objs.Pin(fw.genPins(h, g.N)); err != nil {
+		return Applied{}, err
+	}
+	// What must be written is written before the swap: a full disk fails
+	// here, with the running policy untouched.
+	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {
+		return Applied{}, errors.Join(err, fw.removeGen(h, g.N))
+	}
+	p := pending{Token: tx.token, Deadline: tx.deadline, Watched: tx.watched, PID: os.Getpid(), Previous: st.live, Next: g.N}
+	if st.pending != nil {
+		// Still unconfirmed: going back returns to the last confirmed
+		// generation, not to the one in between.
+		p.Previous = st.pending.Previous
+	}
+	if err := writeJSON(fw.pendingFile(h), p); err != nil {
+		return Applied{}, errors.Join(err, fw.removeGen(h, g.N))
+	}
+	undo := func(err error) error {
+		return errors.Join(err, fw.restorePending(h, st.pending), fw.removeGen(h, g.N))
+	}
+
+	var current datapath.Mode
+	if st.live != 0 && old != nil {
+		current = old.Mode
+	}
+	mode, note, err := datapath.Swap(fw.attachment(h), current, objs, want, force)
+	if err != nil {
+		return Applied{}, undo(err)
+	}
+	tx.done = append(tx.done, step{hook: h, gen: g.N, wasLive: st.live, wasOwned: st.pending})
+	if afterSwap != nil {
+		afterSwap()
+	}
+	// The old generation counted until the swap: carry its final counts.
+	g.Mode, g.Carried = mode, fw.carry(h, old, g.Rules)
+	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {
+		return Applied{}, err
+	}
+	return Applied{Hook: h, Mode: mode, Generation: g.N, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil
+}
+
+// restorePending puts back the journal an install replaced (nil: none).
+func (fw *Firewall) restorePending(h Hook, p *pending) error {
+	if p == nil {
+		return removeFile(fw.pendingFile(h))
+	}
+	return writeJSON(fw.pendingFile(h), p)
+}
+
+// rollback puts every hook the transaction changed back as it was, last
+// first, and reports every error.
+func (tx *transaction) rollback() error {
+	var errs []error
+	for i := len(tx.done) - 1; i >= 0; i-- {
+		s := tx.done[i]
+		err := tx.fw.swapBack(s.hook, s.gen, s.wasLive)
+		errs = append(errs, err, tx.fw.restorePending(s.hook, s.wasOwned))
+		if err == nil {
+			errs = append(errs, tx.fw.removeGen(s.hook, s.gen))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("putting back the hooks already changed: %w", err)
+	}
+	return nil
+}
+
+// commit makes the transaction's generations the only ones.
+func (tx *transaction) commit() error {
+	var errs []error
+	for _, s := range tx.done {
+		errs = append(errs, tx.fw.keepOnly(s.hook, s.gen), removeFile(tx.fw.pendingFile(s.hook)))
+	}
+	return errors.Join(errs...)
+}
+
+// keepOnly removes every generation of the hook but keep.
+func (fw *Firewall) keepOnly(h Hook, keep int) error {
+	gens, err := fw.generations(h)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range gens {
+		if n != keep {
+			errs = append(errs, fw.removeGen(h, n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// swapBack makes the hook run generation to again (0: removes the hook)
+// instead of generation from, carrying what from counted into to's
+// counters.
+func (fw *Firewall) swapBack(h Hook, from, to int) error {
+	if to == 0 {
+		return fw.removeHook(h)
+	}
+	back, err := fw.readGen(h, to)
+	if err != nil || back == nil {
+		return fmt.Errorf("%s: generation %d is not described, cannot go back to it: %v", h, to, err)
+	}
+	objs, err := datapath.LoadPinned(fw.genPins(h, to))
+	if err != nil {
+		return fmt.Errorf("%s: generation %d is gone, cannot go back to it: %w", h, to, err)
+	}
+	defer objs.Close()
+	var current datapath.Mode
+	if g, err := fw.readGen(h, from); err == nil && g != nil {
+		current = g.Mode
+		// What the undone generation counted stays counted.
+		if live, err := fw.liveCounts(h, g); err == nil {
+			addCounts(back, g.Rules, live)
+		}
+	}
+	mode, _, err := datapath.Swap(fw.attachment(h), current, objs, back.Mode, true)
+	if err != nil {
+		return fmt.Errorf("%s: go back to generation %d: %w", h, to, err)
+	}
+	back.Mode = mode
+	return writeJSON(fw.genFile(h, to), back)
+}
+
+// removeHook detaches a hook and removes its pins and state.
+func (fw *Firewall) removeHook(h Hook) error {
+	err := errors.Join(datapath.Unlink(fw.attachment(h)), removeAll(fw.pinDir(h)), removeAll(fw.stateDir(h)))
+	removeEmptyDirs(filepath.Dir(fw.pinDir(h)), fw.pinRoot)
+	removeEmptyDirs(filepath.Dir(fw.stateDir(h)), fw.stateRoot)
+	return err
+}
+
+// carry is the counts a new generation with rules starts from: the old
+// generation's carried counts plus what it counted itself, for the fixed
+// slots and for every rule whose name and match stay.
+func (fw *Firewall) carry(h Hook, old *generation, rules []RuleInfo) []abi.Counter {
+	g := &generation{Rules: rules, Carried: make([]abi.Counter, abi.SlotRule0+len(rules))}
+	if old == nil {
+		return g.Carried
+	}
+	addCounts(g, old.Rules, old.Carried)
+	if live, err := fw.liveCounts(h, old); err == nil {
+		addCounts(g, old.Rules, live)
+	}
+	return g.Carried
+}
+
+// addCounts adds counts (by the slots of rules) into to.Carried.
+func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter) {
+	if len(to.Carried) < abi.SlotRule0+len(to.Rules) {
+		to.Carried = append(to.Carried, make([]abi.Counter, abi.SlotRule0+len(to.Rules)-len(to.Carried))...)
+	}
+	add := func(dst, src int) {
+		if src < len(counts) {
+			to.Carried[dst].Packets += counts[src].Packets
+			to.Carried[dst].Bytes += counts[src].Bytes
+		}
+	}
+	for slot := 0; slot < abi.SlotRule0; slot++ {
+		add(slot, slot)
+	}
+	for i, r := range to.Rules {
+		if j := slices.IndexFunc(rules, func(o RuleInfo) bool { return o.Name == r.Name && o.Match == r.Match }); j >= 0 {
+			add(abi.SlotRule0+i, abi.SlotRule0+j)
+		}
+	}
+}
+
+// liveCounts reads what a generation's own counters counted.
+func (fw *Firewall) liveCounts(h Hook, g *generation) ([]abi.Counter, error) {
+	objs, err := datapath.LoadPinned(fw.genPins(h, g.N))
+	if err != nil {
+		return nil, err
+	}
+	defer objs.Close()
+	return objs.ReadCounters(abi.SlotRule0 + len(g.Rules))
+}

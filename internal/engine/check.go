@@ -1,0 +1,53 @@
+package engine
+
+import (
+	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// CheckReport is what a policy compiles to, as `rampart check` shows it.
+type CheckReport struct {
+	Rules         int            `json:"rules"`
+	Lists         []ListReport   `json:"lists"`
+	Entries       int            `json:"entries"`
+	SkippedLines  int            `json:"skipped_lines"`
+	V4SplitBlocks int            `json:"v4_split_blocks"`
+	V6Prefixes    int            `json:"v6_prefixes"`
+	TableBytes    uint64         `json:"table_bytes"`
+	Default       string         `json:"default"`
+	Unparsed      string         `json:"unparsed"`
+	PolicyHash    string         `json:"policy_hash"`
+	Warnings      []policy.Error `json:"warnings"`
+}
+
+// ListReport is one list of a checked policy.
+type ListReport struct {
+	Name    string `json:"name"`
+	Entries int    `json:"entries"`
+	Skipped int    `json:"skipped_lines"`
+}
+
+// Check compiles a policy as Apply would and refuses what Apply would refuse
+// before touching the host (tables over the memory there is or the
+// operator's cap), without changing anything.
+func Check(pol *policy.Policy) (*CheckReport, error) {
+	img := compile.Build(pol)
+	if err := datapath.CheckMemory(img.KernelBytes()); err != nil {
+		return nil, err
+	}
+	t := &img.Tables
+	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: len(t.V4Bitmaps) + len(t.V4Tbl8s), V6Prefixes: len(t.V6),
+		TableBytes: t.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
+		Warnings: pol.Warnings, Lists: []ListReport{}}
+	for _, name := range pol.ListNames() {
+		l := pol.Lists[name]
+		r.Entries += l.Entries
+		r.SkippedLines += l.Skipped
+		r.Lists = append(r.Lists, ListReport{Name: name, Entries: l.Entries, Skipped: l.Skipped})
+	}
+	if r.Warnings == nil {
+		r.Warnings = []policy.Error{}
+	}
+	return r, nil
+}

@@ -1,0 +1,253 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/datapath"
+)
+
+// Hook is one attachment point of the firewall's namespace: an interface,
+// one direction.
+type Hook struct {
+	Iface  string `json:"iface"`
+	Egress bool   `json:"egress"`
+}
+
+// Direction is "ingress" or "egress".
+func (h Hook) Direction() string {
+	if h.Egress {
+		return "egress"
+	}
+	return "ingress"
+}
+
+func (h Hook) String() string { return h.Iface + " " + h.Direction() }
+
+// Layout, per hook:
+//
+//	<pin root>/<scope>/<iface>/<direction>/link, gen-N/{programs and maps}
+//	<state root>/<scope>/<iface>/<direction>/gen-N.json, pending.json
+func (fw *Firewall) pinDir(h Hook) string {
+	return filepath.Join(fw.scopePins(), h.Iface, h.Direction())
+}
+func (fw *Firewall) stateDir(h Hook) string {
+	return filepath.Join(fw.scopeState(), h.Iface, h.Direction())
+}
+func (fw *Firewall) genPins(h Hook, n int) string {
+	return filepath.Join(fw.pinDir(h), "gen-"+strconv.Itoa(n))
+}
+func (fw *Firewall) genFile(h Hook, n int) string {
+	return filepath.Join(fw.stateDir(h), "gen-"+strconv.Itoa(n)+".json")
+}
+func (fw *Firewall) pendingFile(h Hook) string { return filepath.Join(fw.stateDir(h), "pending.json") }
+
+func (fw *Firewall) attachment(h Hook) datapath.Attachment {
+	return datapath.Attachment{Netns: fw.netns, Iface: h.Iface, Egress: h.Egress, LinkPin: filepath.Join(fw.pinDir(h), "link")}
+}
+
+// RuleInfo names what a counter slot belongs to.
+type RuleInfo struct {
+	Name   string `json:"name"`
+	Match  string `json:"match"`
+	Action string `json:"action"`
+}
+
+// ListInfo is a list of an applied policy: its bit in the tables, and the
+// family its entries are restricted to (0: both).
+type ListInfo struct {
+	Bit    uint64 `json:"bit"`
+	Family int    `json:"family,omitempty"`
+}
+
+// generation describes one pinned generation of a hook's objects.
+type generation struct {
+	N          int                 `json:"generation"`
+	Mode       datapath.Mode       `json:"mode"`
+	PolicyFile string              `json:"policy_file"`
+	PolicyHash string              `json:"policy_hash"`
+	AppliedAt  time.Time           `json:"applied_at"`
+	Rules      []RuleInfo          `json:"rules"`
+	Default    string              `json:"default"`
+	Unparsed   string              `json:"unparsed"`
+	Malformed  string              `json:"malformed"`
+	Lists      map[string]ListInfo `json:"lists,omitempty"`
+	// Carried holds, per counter slot, what earlier generations counted
+	// (rules kept across a re-apply keep their counters).
+	Carried []abi.Counter `json:"carried"`
+}
+
+// pending is the journal of a transaction not yet confirmed: written before
+// anything is swapped, removed when it is confirmed or rolled back.
+type pending struct {
+	Token    string    `json:"token"`
+	Deadline time.Time `json:"deadline"`
+	// Watched: applied with --confirm, a watchdog rolls it back at the
+	// deadline. Otherwise the apply holds the lock until it confirms, so
+	// whoever finds it with the lock held finds the leftovers of a crash.
+	Watched  bool `json:"watched"`
+	PID      int  `json:"pid"`
+	Previous int  `json:"previous"` // the generation to go back to; 0: none
+	Next     int  `json:"next"`
+}
+
+func (fw *Firewall) readGen(h Hook, n int) (*generation, error) {
+	var g generation
+	ok, err := readJSON(fw.genFile(h, n), &g)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &g, nil
+}
+
+func (fw *Firewall) readPending(h Hook) (*pending, error) {
+	var p pending
+	ok, err := readJSON(fw.pendingFile(h), &p)
+	if err != nil || !ok {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// hooks lists the hooks of the namespace that have pins or state, in order.
+func (fw *Firewall) hooks() ([]Hook, error) {
+	seen := map[Hook]bool{}
+	for _, root := range []string{fw.scopePins(), fw.scopeState()} {
+		ifaces, err := os.ReadDir(root)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, needRoot(err)
+		}
+		for _, i := range ifaces {
+			if !i.IsDir() {
+				continue
+			}
+			for _, egress := range []bool{false, true} {
+				h := Hook{Iface: i.Name(), Egress: egress}
+				if _, err := os.Stat(filepath.Join(root, i.Name(), h.Direction())); err == nil {
+					seen[h] = true
+				}
+			}
+		}
+	}
+	out := make([]Hook, 0, len(seen))
+	for h := range seen {
+		out = append(out, h)
+	}
+	slices.SortFunc(out, func(a, b Hook) int {
+		if c := strings.Compare(a.Iface, b.Iface); c != 0 {
+			return c
+		}
+		return map[bool]int{false: 0, true: 1}[a.Egress] - map[bool]int{false: 0, true: 1}[b.Egress]
+	})
+	return out, nil
+}
+
+// generations lists the generation numbers a hook has pins or a file for.
+func (fw *Firewall) generations(h Hook) ([]int, error) {
+	set := map[int]bool{}
+	for _, dir := range []string{fw.pinDir(h), fw.stateDir(h)} {
+		entries, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, needRoot(err)
+		}
+		for _, e := range entries {
+			name := strings.TrimSuffix(e.Name(), ".json")
+			if n, err := strconv.Atoi(strings.TrimPrefix(name, "gen-")); err == nil && strings.HasPrefix(name, "gen-") {
+				set[n] = true
+			}
+		}
+	}
+	var out []int
+	for n := range set {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// hookState is what the kernel and the files say of a hook now.
+type hookState struct {
+	link    datapath.LinkState
+	live    int // the generation the link runs; 0: none known
+	gens    []int
+	pending *pending
+}
+
+func (fw *Firewall) state(h Hook) (*hookState, error) {
+	st := &hookState{}
+	var err error
+	if st.link, err = datapath.ReadLink(fw.attachment(h)); err != nil {
+		return nil, fmt.Errorf("%s: read the link: %w", h, err)
+	}
+	if st.gens, err = fw.generations(h); err != nil {
+		return nil, err
+	}
+	if st.pending, err = fw.readPending(h); err != nil {
+		return nil, err
+	}
+	if st.link.Pinned {
+		for _, n := range st.gens {
+			if fw.runs(h, n, st.link.Program) {
+				st.live = n
+			}
+		}
+	}
+	return st, nil
+}
+
+// runs reports whether generation n's pinned programs include id.
+func (fw *Firewall) runs(h Hook, n int, id ebpf.ProgramID) bool {
+	return slices.Contains(datapath.PinnedPrograms(fw.genPins(h, n)), id)
+}
+
+// newest is the generation a hook would run: the live one, else the newest
+// with both pins and a description.
+func (fw *Firewall) newest(h Hook, st *hookState) int {
+	if st.live != 0 {
+		return st.live
+	}
+	for i := len(st.gens) - 1; i >= 0; i-- {
+		n := st.gens[i]
+		if _, err := os.Stat(fw.genPins(h, n)); err == nil {
+			if g, err := fw.readGen(h, n); err == nil && g != nil {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// removeGen removes a generation's pins and description.
+func (fw *Firewall) removeGen(h Hook, n int) error {
+	return errors.Join(removeAll(fw.genPins(h, n)), removeFile(fw.genFile(h, n)))
+}
+
+func removeAll(path string) error {
+	if err := os.RemoveAll(path); err != nil {
+		return needRoot(err)
+	}
+	return nil
+}
+
+func removeFile(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return needRoot(err)
+	}
+	return nil
+}

@@ -1,0 +1,344 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// In-place list changes (rampart list add|del) live in one file per
+// namespace, oldest first; an overlay per hook carries them into the kernel.
+func (fw *Firewall) opsPath() string { return filepath.Join(fw.scopeState(), "list-ops.json") }
+
+func (fw *Firewall) readOps() ([]policy.ListOp, error) {
+	var ops []policy.ListOp
+	_, err := readJSON(fw.opsPath(), &ops)
+	return ops, err
+}
+
+// liveOps reads the changes that have not expired.
+func (fw *Firewall) liveOps() ([]policy.ListOp, error) {
+	ops, err := fw.readOps()
+	return unexpired(ops, time.Now()), err
+}
+
+func unexpired(ops []policy.ListOp, now time.Time) []policy.ListOp {
+	return slices.DeleteFunc(ops, func(op policy.ListOp) bool { return !op.Expires.IsZero() && !op.Expires.After(now) })
+}
+
+func (fw *Firewall) saveOps(ops []policy.ListOp) error {
+	if len(ops) == 0 {
+		return removeFile(fw.opsPath())
+	}
+	return writeJSON(fw.opsPath(), ops)
+}
+
+// ListChange is one `list add` or `list del`.
+type ListChange struct {
+	List     string
+	Prefixes []netip.Prefix
+	Add      bool
+	TTL      time.Duration // 0: until reverted
+}
+
+// ListChanged says where a change went.
+type ListChanged struct {
+	Hooks   []Hook
+	Expires time.Time // zero without a TTL
+}
+
+// ChangeList adds prefixes to a live list or removes them from it, on every
+// hook whose policy uses the list, without rebuilding the tables. With a
+// TTL the change undoes itself (a detached process, or the daemon, expires
+// it); without one it holds until reverted, detached, or put in the file.
+func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
+	if c.TTL < 0 {
+		return nil, errors.New("the TTL must be positive")
+	}
+	if err := fw.pinsVisible(); err != nil {
+		return nil, err
+	}
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	users, known, err := fw.listUsers(c.List)
+	if err != nil {
+		return nil, err
+	}
+	if len(users) == 0 {
+		if len(known) == 0 {
+			return nil, fmt.Errorf("list %q: no policy is applied%s; apply one first", c.List, fw.inNetns())
+		}
+		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)", c.List, fw.inNetns(), strings.Join(known, ", "))
+	}
+	for _, u := range users {
+		for _, p := range c.Prefixes {
+			if f := u.info.Family; f == 4 && !p.Addr().Is4() || f == 6 && p.Addr().Is4() {
+				return nil, fmt.Errorf("list %q holds only IPv%d addresses: %s does not belong in it", c.List, f, p)
+			}
+		}
+	}
+	res := &ListChanged{}
+	if c.TTL > 0 {
+		res.Expires = time.Now().Add(c.TTL).UTC()
+	}
+	ops, err := fw.liveOps()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range c.Prefixes {
+		ops = append(ops, policy.ListOp{List: c.List, Prefix: p, Add: c.Add, Expires: res.Expires})
+	}
+	if res.Hooks, err = fw.refreshOverlays(ops, c.List); err != nil {
+		return nil, err
+	}
+	if err := fw.saveOps(ops); err != nil {
+		return nil, err
+	}
+	if c.TTL > 0 {
+		if err := fw.ensureExpirer(); err != nil {
+			return res, fmt.Errorf("start the expiry process: %w (the entries expire at the next rampart list command instead)", err)
+		}
+	}
+	return res, nil
+}
+
+// Changes lists the live changes of the namespace, oldest first.
+func (fw *Firewall) Changes() ([]policy.ListOp, error) {
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return fw.liveOps()
+}
+
+// RevertList removes live changes of a list (all of them, or those of the
+// given prefixes; every list's when list is ""): what the files say holds
+// again. It returns the changes removed.
+func (fw *Firewall) RevertList(list string, prefixes []netip.Prefix) ([]policy.ListOp, error) {
+	if err := fw.pinsVisible(); err != nil {
+		return nil, err
+	}
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	ops, err := fw.liveOps()
+	if err != nil {
+		return nil, err
+	}
+	var removed []policy.ListOp
+	kept := slices.DeleteFunc(ops, func(op policy.ListOp) bool {
+		hit := (list == "" || op.List == list) && (len(prefixes) == 0 || slices.Contains(prefixes, op.Prefix))
+		if hit {
+			removed = append(removed, op)
+		}
+		return hit
+	})
+	if _, err := fw.refreshOverlays(kept, ""); err != nil {
+		return nil, err
+	}
+	return removed, fw.saveOps(kept)
+}
+
+// listUser is a hook whose policy uses a list.
+type listUser struct {
+	hook Hook
+	gen  *generation
+	info ListInfo
+}
+
+// listUsers finds the hooks using a list, and every list in use.
+func (fw *Firewall) listUsers(name string) ([]listUser, []string, error) {
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, nil, err
+	}
+	var users []listUser
+	known := map[string]bool{}
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			return nil, nil, err
+		}
+		g, err := fw.readGen(h, fw.newest(h, st))
+		if err != nil || g == nil {
+			continue
+		}
+		for l := range g.Lists {
+			known[l] = true
+		}
+		if info, ok := g.Lists[name]; ok {
+			users = append(users, listUser{h, g, info})
+		}
+	}
+	names := make([]string, 0, len(known))
+	for n := range known {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return users, names, nil
+}
+
+// refreshOverlays rewrites the overlay of every hook (every hook using the
+// list, when one is named) from ops.
+func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string) ([]Hook, error) {
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	var touched []Hook
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			return touched, err
+		}
+		n := fw.newest(h, st)
+		g, err := fw.readGen(h, n)
+		if err != nil || g == nil {
+			continue
+		}
+		if _, ok := g.Lists[only]; only != "" && !ok {
+			continue
+		}
+		bits := map[string]uint64{}
+		for name, info := range g.Lists {
+			bits[name] = info.Bit
+		}
+		objs, err := datapath.LoadPinned(fw.genPins(h, n))
+		if err != nil {
+			return touched, err
+		}
+		v4, v6 := compile.Overlay(bits, ops)
+		err = objs.ReplaceOverlay(v4, v6)
+		objs.Close()
+		if err != nil {
+			return touched, fmt.Errorf("%s: %w", h, err)
+		}
+		touched = append(touched, h)
+	}
+	return touched, nil
+}
+
+// dropUnusedOps forgets changes to lists no hook of the namespace uses any
+// more: detaching the last user of a list ends its live changes.
+func (fw *Firewall) dropUnusedOps() error {
+	ops, err := fw.readOps()
+	if err != nil || len(ops) == 0 {
+		return err
+	}
+	_, known, err := fw.listUsers("")
+	if err != nil {
+		return err
+	}
+	return fw.saveOps(slices.DeleteFunc(ops, func(op policy.ListOp) bool { return !slices.Contains(known, op.List) }))
+}
+
+// ExpireLists drops the changes past their TTL and refreshes the overlays
+// when any went. It reports whether changes with a TTL remain.
+func (fw *Firewall) ExpireLists() (bool, error) {
+	unlock, err := fw.lock()
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	return fw.expireLocked()
+}
+
+func (fw *Firewall) expireLocked() (bool, error) {
+	all, err := fw.readOps()
+	if err != nil {
+		return false, err
+	}
+	live := unexpired(slices.Clone(all), time.Now())
+	if len(live) != len(all) {
+		if _, err := fw.refreshOverlays(live, ""); err != nil {
+			return true, err
+		}
+		if err := fw.saveOps(live); err != nil {
+			return true, err
+		}
+	}
+	return slices.ContainsFunc(live, func(op policy.ListOp) bool { return !op.Expires.IsZero() }), nil
+}
+
+// The expirer is one process per namespace that undoes changes whose TTL is
+// up. It holds expirerLock while it runs, and lets go of it before the
+// firewall's lock when nothing is left to expire: a `list add` holding the
+// firewall's lock either sees it alive (it will see the new change) or
+// starts a new one.
+func (fw *Firewall) expirerLock() string { return filepath.Join(fw.scopeState(), "list-expire.lock") }
+
+func tryLock(path string) (*os.File, bool, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, false, err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	return f, true, nil
+}
+
+func (fw *Firewall) ensureExpirer() error {
+	f, free, err := tryLock(fw.expirerLock())
+	if err != nil || !free {
+		return err
+	}
+	f.Close() // the new process takes it
+	return fw.spawn("list-expire.log", "list-expire")
+}
+
+// RunExpiry expires list changes as their TTLs run out, until none with a
+// TTL is left or ctx ends. One runs per namespace; a second returns at once.
+func (fw *Firewall) RunExpiry(ctx context.Context, logf func(error)) error {
+	f, ok, err := tryLock(fw.expirerLock())
+	if err != nil || !ok {
+		return err
+	}
+	defer func() { f.Close(); os.Remove(fw.expirerLock()) }()
+	for {
+		unlock, err := fw.lock()
+		if err != nil {
+			return err
+		}
+		more, err := fw.expireLocked()
+		if err != nil && logf != nil {
+			logf(err)
+		}
+		if !more {
+			unlock()
+			return nil
+		}
+		unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}

@@ -1,0 +1,338 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/stats"
+)
+
+// States of a hook, as the kernel has it.
+const (
+	StateActive      = "active"
+	StateUnconfirmed = "unconfirmed"
+	// StateIfaceGone: the interface was deleted; the link went with it.
+	StateIfaceGone = "interface-gone"
+	// StateIfaceRecreated: an interface of the same name came back; nothing
+	// is attached to it.
+	StateIfaceRecreated = "interface-recreated"
+	// StateLinkMissing: the pinned link is gone (removed outside rampart).
+	StateLinkMissing = "link-missing"
+	// StateForeign: the link runs a program rampart did not pin.
+	StateForeign = "foreign-program"
+)
+
+// HookStatus is what runs on a hook.
+type HookStatus struct {
+	Iface           string        `json:"iface"`
+	Netns           string        `json:"netns,omitempty"`
+	Direction       string        `json:"direction"`
+	Mode            datapath.Mode `json:"mode"`
+	Attached        bool          `json:"attached"`
+	State           string        `json:"state"`
+	Fix             string        `json:"fix,omitempty"` // the command that puts a broken hook right
+	Generation      int           `json:"generation"`
+	PolicyFile      string        `json:"policy_file"`
+	PolicyHash      string        `json:"policy_hash"`
+	AppliedAt       time.Time     `json:"applied_at"`
+	Rules           int           `json:"rules"`
+	ConfirmDeadline *time.Time    `json:"confirm_deadline,omitempty"`
+}
+
+// Status reports every hook of the namespace as the kernel runs it.
+func (fw *Firewall) Status() ([]HookStatus, error) {
+	if err := fw.pinsVisible(); err != nil {
+		return nil, err
+	}
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	out := []HookStatus{}
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			return nil, err
+		}
+		hs := HookStatus{Iface: h.Iface, Netns: fw.netns, Direction: h.Direction()}
+		if g, err := fw.readGen(h, fw.newest(h, st)); err == nil && g != nil {
+			hs.Mode, hs.Generation, hs.PolicyFile, hs.PolicyHash, hs.AppliedAt, hs.Rules = g.Mode, g.N, g.PolicyFile, g.PolicyHash, g.AppliedAt, len(g.Rules)
+		}
+		hs.State, hs.Fix = fw.judge(h, st)
+		hs.Attached = hs.State == StateActive || hs.State == StateUnconfirmed
+		if st.pending != nil {
+			d := st.pending.Deadline
+			hs.ConfirmDeadline = &d
+		}
+		out = append(out, hs)
+	}
+	return out, nil
+}
+
+// judge says what state a hook is in, and what puts it right.
+func (fw *Firewall) judge(h Hook, st *hookState) (string, string) {
+	reattach := fmt.Sprintf("rampart%s reattach --iface %s", fw.netnsFlag(), h.Iface)
+	idx, _ := datapath.Ifindex(fw.netns, h.Iface)
+	switch {
+	case !st.link.Pinned:
+		return StateLinkMissing, reattach
+	case st.link.Ifindex == 0 && idx == 0:
+		return StateIfaceGone, fmt.Sprintf("%s once it is back, or: rampart%s detach --iface %s", reattach, fw.netnsFlag(), h.Iface)
+	case st.link.Ifindex == 0 || int(st.link.Ifindex) != idx:
+		return StateIfaceRecreated, reattach
+	case st.live == 0:
+		return StateForeign, fmt.Sprintf("rampart%s apply -f POLICY --iface %s", fw.netnsFlag(), h.Iface)
+	case st.pending != nil:
+		return StateUnconfirmed, fmt.Sprintf("rampart%s confirm", fw.netnsFlag())
+	}
+	return StateActive, ""
+}
+
+func (fw *Firewall) netnsFlag() string {
+	if fw.netns == "" {
+		return ""
+	}
+	return " --netns " + fw.netns
+}
+
+// pinsVisible refuses to work on a pin root that is not on bpffs while state
+// says something is applied: the pins are out of sight (another mount
+// namespace), and acting on the state alone would lie.
+func (fw *Firewall) pinsVisible() error {
+	if err := datapath.OnBPFFS(fw.pinRoot); err != nil {
+		if hooks, herr := fw.hooks(); herr == nil && len(hooks) == 0 {
+			return nil
+		}
+		return err
+	}
+	return nil
+}
+
+// Stats reads every hook's counters: what its live generation counted plus
+// what earlier generations carried over.
+func (fw *Firewall) Stats() (stats.Snapshot, error) {
+	snap := stats.Snapshot{Time: time.Now(), Rows: []stats.Row{}}
+	if err := fw.pinsVisible(); err != nil {
+		return snap, err
+	}
+	hooks, err := fw.hooks()
+	if err != nil {
+		return snap, err
+	}
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			return snap, err
+		}
+		g, err := fw.readGen(h, fw.newest(h, st))
+		if err != nil || g == nil {
+			continue // a hook being removed
+		}
+		counts, err := fw.liveCounts(h, g)
+		if err != nil {
+			return snap, fmt.Errorf("%s: counters: %w", h, err)
+		}
+		for i := range counts {
+			if i < len(g.Carried) {
+				counts[i].Packets += g.Carried[i].Packets
+				counts[i].Bytes += g.Carried[i].Bytes
+			}
+		}
+		row := func(kind, name, action string, c abi.Counter) stats.Row {
+			return stats.Row{Iface: h.Iface, Netns: fw.netns, Direction: h.Direction(), Kind: kind, Name: name, Action: action, Packets: c.Packets, Bytes: c.Bytes}
+		}
+		for i, r := range g.Rules {
+			snap.Rows = append(snap.Rows, row("rule", r.Name, r.Action, counts[abi.SlotRule0+i]))
+		}
+		snap.Rows = append(snap.Rows,
+			row("default", "default", g.Default, counts[abi.SlotDefault]),
+			row("unparsed", "unparsed", g.Unparsed, counts[abi.SlotUnparsed]),
+			row("malformed", "malformed", g.Malformed, counts[abi.SlotMalformed]),
+			row("non-ip", "non-ip", "pass", counts[abi.SlotNonIP]))
+	}
+	return snap, nil
+}
+
+// Confirm makes the namespace's pending applies permanent. It confirms what
+// it can and names every hook it could not.
+func (fw *Firewall) Confirm() ([]Hook, error) {
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	var done []Hook
+	var errs []error
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if st.pending == nil {
+			continue
+		}
+		if st.live != st.pending.Next {
+			errs = append(errs, fmt.Errorf("%s: not confirmed: it runs generation %d, not the pending %d (%s)", h, st.live, st.pending.Next, fw.describeState(h, st)))
+			continue
+		}
+		if err := errors.Join(fw.keepOnly(h, st.live), removeFile(fw.pendingFile(h))); err != nil {
+			errs = append(errs, fmt.Errorf("%s: not confirmed: %w", h, err))
+			continue
+		}
+		done = append(done, h)
+	}
+	if len(done) == 0 && len(errs) == 0 {
+		return nil, fmt.Errorf("no apply is waiting for confirmation%s (if its deadline passed, the previous policy is back: see rampart status)", fw.inNetns())
+	}
+	return done, errors.Join(errs...)
+}
+
+func (fw *Firewall) describeState(h Hook, st *hookState) string {
+	state, fix := fw.judge(h, st)
+	if fix == "" {
+		return state
+	}
+	return state + ": " + fix
+}
+
+// Detach removes rampart from the interfaces, both directions: links, pins,
+// state, and the live list changes no remaining hook uses. An interface
+// that does not exist and never had rampart is an error.
+func (fw *Firewall) Detach(ifaces []string) ([]Hook, error) {
+	if err := fw.pinsVisible(); err != nil {
+		return nil, fmt.Errorf("%w: nothing was detached", err)
+	}
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	var done []Hook
+	var errs []error
+	for _, ifc := range ifaces {
+		found := false
+		for _, h := range hooks {
+			if h.Iface != ifc {
+				continue
+			}
+			found = true
+			if err := fw.removeHook(h); err != nil {
+				errs = append(errs, fmt.Errorf("detach %s: %w", h, err))
+				continue
+			}
+			done = append(done, h)
+		}
+		if !found {
+			if idx, _ := datapath.Ifindex(fw.netns, ifc); idx == 0 {
+				errs = append(errs, fmt.Errorf("--iface %s: no such interface%s, and rampart holds nothing for it", ifc, fw.inNetns()))
+			}
+		}
+	}
+	if err := fw.dropUnusedOps(); err != nil {
+		errs = append(errs, err)
+	}
+	return done, errors.Join(errs...)
+}
+
+// Reattach attaches again the hooks of the interfaces whose link is gone
+// (an interface deleted and created again, a link removed by hand), with
+// the policy they ran. Hooks still attached are left alone.
+func (fw *Firewall) Reattach(ifaces []string) ([]Applied, error) {
+	if err := fw.pinsVisible(); err != nil {
+		return nil, err
+	}
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	var out []Applied
+	var errs []error
+	for _, h := range hooks {
+		if len(ifaces) > 0 && !contains(ifaces, h.Iface) {
+			continue
+		}
+		st, err := fw.state(h)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if state, _ := fw.judge(h, st); state == StateActive || state == StateUnconfirmed {
+			continue
+		}
+		a, err := fw.reattach(h, st)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reattach %s: %w", h, err))
+			continue
+		}
+		out = append(out, a)
+	}
+	return out, errors.Join(errs...)
+}
+
+func (fw *Firewall) reattach(h Hook, st *hookState) (Applied, error) {
+	n := fw.newest(h, st)
+	g, err := fw.readGen(h, n)
+	if err != nil || g == nil {
+		return Applied{}, fmt.Errorf("no pinned generation to attach: apply the policy again (%v)", err)
+	}
+	objs, err := datapath.LoadPinned(fw.genPins(h, n))
+	if err != nil {
+		return Applied{}, err
+	}
+	defer objs.Close()
+	mode, note, err := datapath.Swap(fw.attachment(h), "", objs, g.Mode, false)
+	if err != nil {
+		return Applied{}, err
+	}
+	g.Mode = mode
+	if err := writeJSON(fw.genFile(h, n), g); err != nil {
+		return Applied{}, err
+	}
+	return Applied{Hook: h, Mode: mode, Generation: n, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// Program opens the program a hook's link runs now: what a frame arriving
+// this instant meets (for tests and tools that run frames through it).
+func (fw *Firewall) Program(h Hook) (*ebpf.Program, error) {
+	ls, err := datapath.ReadLink(fw.attachment(h))
+	if err != nil {
+		return nil, err
+	}
+	if !ls.Pinned {
+		return nil, fmt.Errorf("%s%s: nothing is attached", h, fw.inNetns())
+	}
+	return ebpf.NewProgramFromID(ls.Program)
+}
