@@ -13,18 +13,6 @@ import (
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
-func TestHelp(t *testing.T) {
-	for _, cmd := range []string{"apply", "detach", "confirm", "status", "stats", "check", "list", "list add", "list del", "list show", "bench lookup", "lab drop", "diagnose"} {
-		out := mustRampart(t, append(strings.Fields(cmd), "--help")...)
-		if !strings.Contains(out, "--json") || !strings.Contains(out, "Usage:") {
-			t.Errorf("%s --help lacks usage or --json:\n%s", cmd, out)
-		}
-	}
-	if out := mustRampart(t, "--help"); !strings.Contains(out, "apply") {
-		t.Errorf("top-level help lacks apply:\n%s", out)
-	}
-}
-
 func TestCheck(t *testing.T) {
 	pol := writeFile(t, "p.yaml", "lists:\n  b: {prefixes: [10.0.0.0/8, 10.1.0.0/16, 10.2.3.4, \"2001:db8::/32\"]}\nrules:\n  - {name: a, src: b, action: drop}\n")
 	var res struct {

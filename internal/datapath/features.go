@@ -3,12 +3,14 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 )
 
 // A Feature is a kernel capability rampart needs, probed before anything
@@ -48,7 +50,33 @@ var (
 	FeatureTCX = &Feature{Name: "tcx links", Kernel: "6.6", probe: probeTCX}
 	// The filter's programs as a whole.
 	FeaturesFilter = []*Feature{FeatureLoop, FeatureXDPLoadBytes, FeatureTCX}
+	// The lab's generator runs XDP programs on live frames.
+	FeatureLiveFrames = &Feature{Name: "XDP live frames (BPF_F_TEST_XDP_LIVE_FRAMES)", Kernel: "5.18", probe: probeLiveFrames}
+	// diagnose's tracer is a tp_btf program: it needs the kernel's BTF.
+	FeatureKernelBTF = &Feature{Name: "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)", Kernel: "5.5", probe: probeKernelBTF}
 )
+
+// probeLiveFrames runs a program that drops, once, in live-frames mode.
+func probeLiveFrames() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+	_, err = prog.Run(&ebpf.RunOptions{Data: make([]byte, 64), Repeat: 1, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES})
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, ebpf.ErrNotSupported) {
+		return ebpf.ErrNotSupported
+	}
+	return err
+}
+
+func probeKernelBTF() error {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); errors.Is(err, os.ErrNotExist) {
+		return ebpf.ErrNotSupported
+	}
+	return nil
+}
 
 // probeTCX asks for a tcx link on an interface that cannot exist: a kernel
 // with tcx says so (no such device), one without it cannot parse the

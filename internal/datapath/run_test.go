@@ -108,3 +108,11 @@ func expectedSlot(v policy.Verdict) int {
 }
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
+
+// TestFeaturesHere: the kernel under test has everything rampart needs.
+func TestFeaturesHere(t *testing.T) {
+	testutil.Privileged(t)
+	if err := datapath.Require(append(datapath.FeaturesFilter, datapath.FeatureLiveFrames, datapath.FeatureKernelBTF)...); err != nil {
+		t.Fatal(err)
+	}
+}

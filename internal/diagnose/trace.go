@@ -43,6 +43,9 @@ func StartTracer(netns string) (*Tracer, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNeedRoot
 	}
+	if err := datapath.Require(datapath.FeatureKernelBTF); err != nil {
+		return nil, err
+	}
 	ino, err := NetnsInode(netns)
 	if err != nil {
 		return nil, err

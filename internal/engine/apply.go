@@ -54,9 +54,15 @@ type ApplyResult struct {
 // its journal's deadline is only a backstop.
 const transactionWindow = 2 * time.Minute
 
-// afterSwap, when set (by tests), runs right after each link swap: where a
-// crash hurts most.
-var afterSwap func()
+// crashPoint, when set (by tests), runs at the points of a transaction where
+// a crash hurts: "pinned", "journaled", "swapped".
+var crashPoint func(where string)
+
+func reach(where string) {
+	if crashPoint != nil {
+		crashPoint(where)
+	}
+}
 
 // Apply compiles the policy and swaps it onto every hook, all or nothing:
 // when one hook fails, the hooks already changed go back.
@@ -217,13 +223,21 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 	if err := os.MkdirAll(fw.pinDir(h), 0o700); err != nil {
 		return Applied{}, needRoot(err)
 	}
-	if err := objs.Pin(fw.genPins(h, g.N)); err != nil {
-		return Applied{}, err
+	fresh := len(st.gens) == 0 && !st.link.Pinned
+	drop := func(err error) error {
+		if fresh { // the hook had nothing: leave nothing
+			return errors.Join(err, fw.removeHook(h))
+		}
+		return errors.Join(err, fw.removeGen(h, g.N))
 	}
+	if err := objs.Pin(fw.genPins(h, g.N)); err != nil {
+		return Applied{}, drop(err)
+	}
+	reach("pinned")
 	// What must be written is written before the swap: a full disk fails
 	// here, with the running policy untouched.
 	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {
-		return Applied{}, errors.Join(err, fw.removeGen(h, g.N))
+		return Applied{}, drop(err)
 	}
 	p := pending{Token: tx.token, Deadline: tx.deadline, Watched: tx.watched, PID: os.Getpid(), Previous: st.live, Next: g.N}
 	if st.pending != nil {
@@ -232,9 +246,13 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 		p.Previous = st.pending.Previous
 	}
 	if err := writeJSON(fw.pendingFile(h), p); err != nil {
-		return Applied{}, errors.Join(err, fw.removeGen(h, g.N))
+		return Applied{}, drop(err)
 	}
+	reach("journaled")
 	undo := func(err error) error {
+		if fresh {
+			return drop(err)
+		}
 		return errors.Join(err, fw.restorePending(h, st.pending), fw.removeGen(h, g.N))
 	}
 
@@ -247,9 +265,7 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 		return Applied{}, undo(err)
 	}
 	tx.done = append(tx.done, step{hook: h, gen: g.N, wasLive: st.live, wasOwned: st.pending})
-	if afterSwap != nil {
-		afterSwap()
-	}
+	reach("swapped")
 	// The old generation counted until the swap: carry its final counts.
 	g.Mode, g.Carried = mode, fw.carry(h, old, g.Rules)
 	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {

@@ -155,6 +155,36 @@ func (fw *Firewall) hooks() ([]Hook, error) {
 	return out, nil
 }
 
+// eachHook calls fn for every hook of the namespace with its state, going on
+// past errors (one reading a hook's state among them) and returning them
+// all. The caller holds the lock.
+func (fw *Firewall) eachHook(fn func(h Hook, st *hookState) error) error {
+	hooks, err := fw.hooks()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, fn(h, st))
+	}
+	return errors.Join(errs...)
+}
+
+// withHooks is eachHook with the lock held.
+func (fw *Firewall) withHooks(fn func(h Hook, st *hookState) error) error {
+	unlock, err := fw.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return fw.eachHook(fn)
+}
+
 // generations lists the generation numbers a hook has pins or a file for.
 func (fw *Firewall) generations(h Hook) ([]int, error) {
 	set := map[int]bool{}

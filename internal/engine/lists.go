@@ -68,10 +68,7 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 	if c.TTL < 0 {
 		return nil, errors.New("the TTL must be positive")
 	}
-	if err := fw.pinsVisible(); err != nil {
-		return nil, err
-	}
-	unlock, err := fw.lock()
+	unlock, err := fw.lockVisible()
 	if err != nil {
 		return nil, err
 	}
@@ -132,10 +129,7 @@ func (fw *Firewall) Changes() ([]policy.ListOp, error) {
 // given prefixes; every list's when list is ""): what the files say holds
 // again. It returns the changes removed.
 func (fw *Firewall) RevertList(list string, prefixes []netip.Prefix) ([]policy.ListOp, error) {
-	if err := fw.pinsVisible(); err != nil {
-		return nil, err
-	}
-	unlock, err := fw.lock()
+	unlock, err := fw.lockVisible()
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ func (fw *Firewall) Recover() ([]string, error) {
 		if _, serr := os.Stat(fw.scopeState()); serr != nil {
 			return nil, nil // nothing was ever applied here
 		}
-		return nil, err
+		return nil, fmt.Errorf("%w: nothing was changed", err)
 	}
 	unlock, err := fw.lock()
 	if err != nil {
@@ -33,51 +33,27 @@ func (fw *Firewall) Recover() ([]string, error) {
 // pending one past its deadline when token is empty): the watchdog of
 // `apply --confirm` calls it at the deadline.
 func (fw *Firewall) RollbackExpired(token string) ([]string, error) {
-	unlock, err := fw.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	hooks, err := fw.hooks()
-	if err != nil {
-		return nil, err
-	}
 	var done []string
-	var errs []error
 	now := time.Now()
-	for _, h := range hooks {
-		st, err := fw.state(h)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	err := fw.withHooks(func(h Hook, st *hookState) error {
 		p := st.pending
 		if p == nil || now.Before(p.Deadline) || token != "" && p.Token != token {
-			continue
+			return nil
 		}
 		if err := fw.revert(h, st, p); err != nil {
-			errs = append(errs, err)
-			continue
+			return err
 		}
 		done = append(done, fmt.Sprintf("not confirmed by %s: rolled back %s%s", p.Deadline.Format(time.RFC3339), h, fw.inNetns()))
-	}
-	return done, errors.Join(errs...)
+		return nil
+	})
+	return done, err
 }
 
 // recoverLocked is Recover with the lock held. A hook it cannot put right is
 // reported among its lines and does not stop the others.
 func (fw *Firewall) recoverLocked(now time.Time) ([]string, error) {
-	hooks, err := fw.hooks()
-	if err != nil {
-		return nil, err
-	}
 	var notes []string
-	for _, h := range hooks {
-		st, err := fw.state(h)
-		if err != nil {
-			notes = append(notes, fmt.Sprintf("%s: %v", h, err))
-			continue
-		}
+	err := fw.eachHook(func(h Hook, st *hookState) error {
 		if p := st.pending; p != nil && (!p.Watched || !now.Before(p.Deadline)) {
 			why := "its apply died before confirming"
 			if p.Watched {
@@ -88,11 +64,15 @@ func (fw *Firewall) recoverLocked(now time.Time) ([]string, error) {
 			} else {
 				notes = append(notes, fmt.Sprintf("%s%s: rolled back: %s", h, fw.inNetns(), why))
 			}
-			continue
+			return nil
 		}
 		if err := fw.prune(h, st); err != nil {
 			notes = append(notes, fmt.Sprintf("%s: remove leftovers: %v", h, err))
 		}
+		return nil
+	})
+	if err != nil {
+		notes = append(notes, err.Error())
 	}
 	return notes, nil
 }

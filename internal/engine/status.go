@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -49,21 +50,8 @@ func (fw *Firewall) Status() ([]HookStatus, error) {
 	if err := fw.pinsVisible(); err != nil {
 		return nil, err
 	}
-	unlock, err := fw.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	hooks, err := fw.hooks()
-	if err != nil {
-		return nil, err
-	}
 	out := []HookStatus{}
-	for _, h := range hooks {
-		st, err := fw.state(h)
-		if err != nil {
-			return nil, err
-		}
+	err := fw.withHooks(func(h Hook, st *hookState) error {
 		hs := HookStatus{Iface: h.Iface, Netns: fw.netns, Direction: h.Direction()}
 		if g, err := fw.readGen(h, fw.newest(h, st)); err == nil && g != nil {
 			hs.Mode, hs.Generation, hs.PolicyFile, hs.PolicyHash, hs.AppliedAt, hs.Rules = g.Mode, g.N, g.PolicyFile, g.PolicyHash, g.AppliedAt, len(g.Rules)
@@ -75,8 +63,9 @@ func (fw *Firewall) Status() ([]HookStatus, error) {
 			hs.ConfirmDeadline = &d
 		}
 		out = append(out, hs)
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 // judge says what state a hook is in, and what puts it right.
@@ -103,6 +92,14 @@ func (fw *Firewall) netnsFlag() string {
 		return ""
 	}
 	return " --netns " + fw.netns
+}
+
+// lockVisible takes the lock once the pins are known to be in sight.
+func (fw *Firewall) lockVisible() (func(), error) {
+	if err := fw.pinsVisible(); err != nil {
+		return nil, err
+	}
+	return fw.lock()
 }
 
 // pinsVisible refuses to work on a pin root that is not on bpffs while state
@@ -166,40 +163,24 @@ func (fw *Firewall) Stats() (stats.Snapshot, error) {
 // Confirm makes the namespace's pending applies permanent. It confirms what
 // it can and names every hook it could not.
 func (fw *Firewall) Confirm() ([]Hook, error) {
-	unlock, err := fw.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	hooks, err := fw.hooks()
-	if err != nil {
-		return nil, err
-	}
 	var done []Hook
-	var errs []error
-	for _, h := range hooks {
-		st, err := fw.state(h)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
+	err := fw.withHooks(func(h Hook, st *hookState) error {
 		if st.pending == nil {
-			continue
+			return nil
 		}
 		if st.live != st.pending.Next {
-			errs = append(errs, fmt.Errorf("%s: not confirmed: it runs generation %d, not the pending %d (%s)", h, st.live, st.pending.Next, fw.describeState(h, st)))
-			continue
+			return fmt.Errorf("%s: not confirmed: it runs generation %d, not the pending %d (%s)", h, st.live, st.pending.Next, fw.describeState(h, st))
 		}
 		if err := errors.Join(fw.keepOnly(h, st.live), removeFile(fw.pendingFile(h))); err != nil {
-			errs = append(errs, fmt.Errorf("%s: not confirmed: %w", h, err))
-			continue
+			return fmt.Errorf("%s: not confirmed: %w", h, err)
 		}
 		done = append(done, h)
-	}
-	if len(done) == 0 && len(errs) == 0 {
+		return nil
+	})
+	if len(done) == 0 && err == nil {
 		return nil, fmt.Errorf("no apply is waiting for confirmation%s (if its deadline passed, the previous policy is back: see rampart status)", fw.inNetns())
 	}
-	return done, errors.Join(errs...)
+	return done, err
 }
 
 func (fw *Firewall) describeState(h Hook, st *hookState) string {
@@ -214,12 +195,9 @@ func (fw *Firewall) describeState(h Hook, st *hookState) string {
 // state, and the live list changes no remaining hook uses. An interface
 // that does not exist and never had rampart is an error.
 func (fw *Firewall) Detach(ifaces []string) ([]Hook, error) {
-	if err := fw.pinsVisible(); err != nil {
-		return nil, fmt.Errorf("%w: nothing was detached", err)
-	}
-	unlock, err := fw.lock()
+	unlock, err := fw.lockVisible()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: nothing was detached", err)
 	}
 	defer unlock()
 	hooks, err := fw.hooks()
@@ -260,37 +238,22 @@ func (fw *Firewall) Reattach(ifaces []string) ([]Applied, error) {
 	if err := fw.pinsVisible(); err != nil {
 		return nil, err
 	}
-	unlock, err := fw.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	hooks, err := fw.hooks()
-	if err != nil {
-		return nil, err
-	}
 	var out []Applied
-	var errs []error
-	for _, h := range hooks {
-		if len(ifaces) > 0 && !contains(ifaces, h.Iface) {
-			continue
-		}
-		st, err := fw.state(h)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+	err := fw.withHooks(func(h Hook, st *hookState) error {
+		if len(ifaces) > 0 && !slices.Contains(ifaces, h.Iface) {
+			return nil
 		}
 		if state, _ := fw.judge(h, st); state == StateActive || state == StateUnconfirmed {
-			continue
+			return nil
 		}
 		a, err := fw.reattach(h, st)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("reattach %s: %w", h, err))
-			continue
+			return fmt.Errorf("reattach %s: %w", h, err)
 		}
 		out = append(out, a)
-	}
-	return out, errors.Join(errs...)
+		return nil
+	})
+	return out, err
 }
 
 func (fw *Firewall) reattach(h Hook, st *hookState) (Applied, error) {
@@ -313,15 +276,6 @@ func (fw *Firewall) reattach(h Hook, st *hookState) (Applied, error) {
 		return Applied{}, err
 	}
 	return Applied{Hook: h, Mode: mode, Generation: n, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil
-}
-
-func contains(xs []string, s string) bool {
-	for _, x := range xs {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Program opens the program a hook's link runs now: what a frame arriving

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/vishvananda/netns"
 )
 
@@ -121,6 +123,9 @@ func Drop(ctx context.Context, o Options) (*Report, error) {
 	}
 	if o.Dir == "" {
 		return nil, errors.New("lab: Options need Dir")
+	}
+	if err := datapath.Require(datapath.FeatureLiveFrames); err != nil {
+		return nil, err
 	}
 	sweepStale()
 	defer os.RemoveAll(PinRoot()) // what the rampart layer's detach leaves: empty directories

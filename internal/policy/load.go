@@ -63,7 +63,7 @@ func parse(path string, data []byte, opt Options) (*Policy, error) {
 		if err != nil {
 			return nil, yamlError(path, data, err)
 		}
-		return nil, &Error{File: path, Line: next.Line, Msg: "a second YAML document (after ---): a policy is one document"}
+		return nil, &Error{File: path, Line: next.Line, Msg: "a second YAML document starts here: a policy is one document"}
 	}
 	pol, err := p.policy(doc.Content[0])
 	if err != nil {
