@@ -9,6 +9,7 @@
  * from which internal/abi is generated (#defines would not). */
 enum limits {
 	MAX_RULES = 256,
+	MAX_LISTS = 64, /* list membership is one 64-bit mask */
 	V6_MAX_LENS = 129, /* IPv6 prefix lengths 0 to 128 */
 	/* VLAN tags the parser reads unrolled; more are walked in a loop. */
 	VLAN_UNROLLED = 2,

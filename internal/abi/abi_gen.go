@@ -69,6 +69,7 @@ type V4Tbl8 struct {
 // enum limits
 const (
 	MaxRules     = 256
+	MaxLists     = 64
 	V6MaxLens    = 129
 	VLANUnrolled = 2
 	L4Ports      = 4

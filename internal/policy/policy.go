@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/rampart-fw/rampart/internal/abi"
 )
 
 // Action is what a rule, or the default, does with a packet.
@@ -124,9 +126,9 @@ func (pol *Policy) ListNames() []string {
 	return names
 }
 
-// MaxRules and MaxLists bound what one policy may hold: rules are matched in
-// a bounded loop and list membership is one 64-bit mask.
+// MaxRules and MaxLists bound what one policy may hold: the data plane's
+// rule array, and list membership as one 64-bit mask (bpf/common.h).
 const (
-	MaxRules = 256
-	MaxLists = 64
+	MaxRules = abi.MaxRules
+	MaxLists = abi.MaxLists
 )
