@@ -10,7 +10,6 @@
 enum limits {
 	MAX_RULES = 256,
 	MAX_LISTS = 64, /* list membership is one 64-bit mask */
-	V6_MAX_LENS = 129, /* IPv6 prefix lengths 0 to 128 */
 	/* VLAN tags the parser reads unrolled; more are walked in a loop. */
 	VLAN_UNROLLED = 2,
 	/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP,
@@ -65,24 +64,39 @@ struct counter {
 	__u64 bytes;
 };
 
-/* IPv4 lists: a DIR-24-8 table, compressed. A bitmap says which /24 blocks
- * hold any listed address; only those have an entry, found by rank (the
- * count of set bits before the block's). An entry below V4_SPLIT is the
- * block's class (an index into the class table of list masks); otherwise
- * the block holds several classes and the entry indexes a second stage, a
- * bitmap (two classes) or a tbl8 (any mix). Entries are grouped 16 to an
- * array element: array elements are 8-byte aligned, so single u32 elements
- * would double the table. */
-enum v4_table {
-	V4_SPLIT = 1u << 31,
-	V4_TBL8_FLAG = 1u << 30,
-	V4_INDEX_MASK = V4_TBL8_FLAG - 1,
-	V4_CHUNK = 16,
-	V4_BLOCKS = 1u << 24,
+/* Prefix lists. Every family is swept into disjoint segments of equal
+ * membership; each distinct membership (a set of lists) is a class, and one
+ * lookup per address answers for every list: the address's class, then the
+ * class's mask of lists (classes[]).
+ *
+ * A directory says which /24 blocks (of the IPv4 space; of the top 24 bits
+ * of IPv6) hold anything: one node per 64 blocks, with the count of present
+ * blocks before it, so one read answers "anything here?" and "which entry?".
+ * 16 bytes a node: 4 MiB for all 2^24 blocks, within the L2 TLB's reach. */
+struct dir_node {
+	__u64 bits; /* bit i: block 64*n+i is present */
+	__u64 rank; /* present blocks before this node's */
 };
 
-struct v4_chunk {
-	__u32 entry[V4_CHUNK];
+/* IPv4: one 64-bit entry per present block, in block order. Its top two
+ * bits say what the rest is:
+ *  CLASS   the whole block's class;
+ *  INLINE  a block holding at most V4_INLINE addresses of one class on a
+ *          base class: both classes and the addresses' last octets, so the
+ *          common sparse block (a few listed hosts) needs no second read;
+ *  BITMAP  two classes in any pattern: an index into v4_bitmaps;
+ *  TBL8    any mix: an index into v4_tbl8s. */
+enum v4_entry {
+	V4E_TYPE_SHIFT = 62,
+	V4E_CLASS = 0,
+	V4E_INLINE = 1,
+	V4E_BITMAP = 2,
+	V4E_TBL8 = 3,
+	V4_INLINE = 4,           /* last octets in an INLINE entry */
+	V4_INLINE_CLASS_BITS = 12, /* an INLINE entry's classes are below 4096 */
+	V4E_HIT_SHIFT = 12,       /* bits 0-11 base class, 12-23 hit class, */
+	V4E_OCTETS_SHIFT = 24,    /* 24-55 the octets (unused ones repeat the first) */
+	V4_BLOCKS = 1u << 24,
 };
 
 /* A /24 block holding two classes: bit i set means address .i is in hit. */
@@ -97,8 +111,38 @@ struct v4_tbl8 {
 	__u16 cls[256];
 };
 
-/* IPv6 lists: one hash keyed by (prefix length, masked address) per
- * populated length, probed longest first. */
+/* IPv6: per present /24 block, the lengths of the prefixes below it and
+ * the class of a block wholly inside one segment. The prefixes themselves
+ * are in two open-addressing hash tables, keyed by (length, masked
+ * address): lengths up to 64 by the top 64 bits, longer ones by all 128.
+ * A lookup probes only the lengths present under its /24, longest first,
+ * each in one cache line as a rule. */
+struct v6_node {
+	__u64 short_lens; /* bit i: length 25+i (25 to 64) */
+	__u64 long_lens;  /* bit i: length 65+i (65 to 128) */
+	__u32 base;       /* the block's class when it is one segment */
+	__u32 pad;
+};
+
+struct v6_slot {
+	__u64 key; /* the top 64 bits, masked to len */
+	__u32 len; /* 0: empty */
+	__u32 cls;
+};
+
+struct v6_long_slot {
+	__u64 hi;
+	__u64 lo;
+	__u32 len; /* 0: empty */
+	__u32 cls;
+	__u64 pad;
+};
+
+enum v6_table {
+	V6_SHORT_MIN = 25,
+	V6_LONG_MIN = 65,
+	V6_MAX_PROBE = 8, /* the build keeps every key within this many slots */
+};
 
 /* In-place changes (rampart list add|del): the longest overlay prefix
  * covering an address sets and clears list bits over the base tables. */

@@ -168,9 +168,18 @@ int rampart_xdp(struct xdp_md *ctx)
 /* Never called, never loaded: its signature puts the enums of common.h into
  * the object's BTF, from which internal/abi is generated (BTF keeps no trace
  * of types only constants use). */
-__attribute__((noinline)) int abi_enums(enum limits a, enum slot b, enum action c, enum match_field d, enum v4_table e)
+struct abi_enums {
+	enum limits a;
+	enum slot b;
+	enum action c;
+	enum match_field d;
+	enum v4_entry e;
+	enum v6_table f;
+};
+
+__attribute__((noinline)) int abi_enums(struct abi_enums *e)
 {
-	return 0;
+	return e != 0;
 }
 
 /* tcx return codes; TCX_NEXT lets programs attached after ours run. */

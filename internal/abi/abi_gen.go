@@ -66,11 +66,44 @@ type V4Tbl8 struct {
 	Cls [256]uint16
 }
 
+// DirNode is struct dir_node.
+type DirNode struct {
+	_    structs.HostLayout
+	Bits uint64
+	Rank uint64
+}
+
+// V6Node is struct v6_node.
+type V6Node struct {
+	_         structs.HostLayout
+	ShortLens uint64
+	LongLens  uint64
+	Base      uint32
+	Pad       uint32
+}
+
+// V6Slot is struct v6_slot.
+type V6Slot struct {
+	_   structs.HostLayout
+	Key uint64
+	Len uint32
+	Cls uint32
+}
+
+// V6LongSlot is struct v6_long_slot.
+type V6LongSlot struct {
+	_   structs.HostLayout
+	Hi  uint64
+	Lo  uint64
+	Len uint32
+	Cls uint32
+	Pad uint64
+}
+
 // enum limits
 const (
 	MaxRules     = 256
 	MaxLists     = 64
-	V6MaxLens    = 129
 	VLANUnrolled = 2
 	L4Ports      = 4
 	L4Flags      = 14
@@ -105,11 +138,23 @@ const (
 	MatchIPv6     = 256
 )
 
-// enum v4_table
+// enum v4_entry
 const (
-	V4Split     = 2147483648
-	V4Tbl8Flag  = 1073741824
-	V4IndexMask = 1073741823
-	V4Chunk     = 16
-	V4Blocks    = 16777216
+	V4ETypeShift      = 62
+	V4EClass          = 0
+	V4EInline         = 1
+	V4EBitmap         = 2
+	V4ETbl8           = 3
+	V4Inline          = 4
+	V4InlineClassBits = 12
+	V4EHitShift       = 12
+	V4EOctetsShift    = 24
+	V4Blocks          = 16777216
+)
+
+// enum v6_table
+const (
+	V6ShortMin = 25
+	V6LongMin  = 65
+	V6MaxProbe = 8
 )

@@ -24,26 +24,30 @@ const (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	benchMapHits         = "hits"
-	benchMapKernelLpmV4  = "kernel_lpm_v4"
-	benchMapKernelLpmV6  = "kernel_lpm_v6"
-	benchMapOverlayV4    = "overlay_v4"
-	benchMapOverlayV6    = "overlay_v6"
-	benchMapV4Bitmaps    = "v4_bitmaps"
-	benchMapV4Classes    = "v4_classes"
-	benchMapV4Present    = "v4_present"
-	benchMapV4Rank       = "v4_rank"
-	benchMapV4Tbl24      = "v4_tbl24"
-	benchMapV4Tbl8s      = "v4_tbl8s"
-	benchMapV6Prefixes   = "v6_prefixes"
-	benchProgBenchDrop   = "bench_drop"
-	benchProgBenchLookup = "bench_lookup"
-	benchProgBenchParse  = "bench_parse"
-	benchVarFamily       = "family"
-	benchVarStructure    = "structure"
-	benchVarV6BaseAddr   = "v6_base_addr"
-	benchVarV6LenCount   = "v6_len_count"
-	benchVarV6Lens       = "v6_lens"
+	benchMapClasses        = "classes"
+	benchMapHits           = "hits"
+	benchMapKernelLpmV4    = "kernel_lpm_v4"
+	benchMapKernelLpmV6    = "kernel_lpm_v6"
+	benchMapOverlayEntries = "overlay_entries"
+	benchMapOverlayV4      = "overlay_v4"
+	benchMapOverlayV6      = "overlay_v6"
+	benchMapV4Bitmaps      = "v4_bitmaps"
+	benchMapV4Dir          = "v4_dir"
+	benchMapV4Entries      = "v4_entries"
+	benchMapV4Tbl8s        = "v4_tbl8s"
+	benchMapV6Dir          = "v6_dir"
+	benchMapV6Long         = "v6_long"
+	benchMapV6Nodes        = "v6_nodes"
+	benchMapV6Short        = "v6_short"
+	benchProgBenchDrop     = "bench_drop"
+	benchProgBenchLookup   = "bench_lookup"
+	benchProgBenchParse    = "bench_parse"
+	benchVarFamily         = "family"
+	benchVarStructure      = "structure"
+	benchVarV6BaseAddr     = "v6_base_addr"
+	benchVarV6LongBits     = "v6_long_bits"
+	benchVarV6Seed         = "v6_seed"
+	benchVarV6ShortBits    = "v6_short_bits"
 )
 
 // loadBench returns the embedded CollectionSpec for bench.
@@ -97,29 +101,33 @@ type benchProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchMapSpecs struct {
-	Hits        *ebpf.MapSpec `ebpf:"hits"`
-	KernelLpmV4 *ebpf.MapSpec `ebpf:"kernel_lpm_v4"`
-	KernelLpmV6 *ebpf.MapSpec `ebpf:"kernel_lpm_v6"`
-	OverlayV4   *ebpf.MapSpec `ebpf:"overlay_v4"`
-	OverlayV6   *ebpf.MapSpec `ebpf:"overlay_v6"`
-	V4Bitmaps   *ebpf.MapSpec `ebpf:"v4_bitmaps"`
-	V4Classes   *ebpf.MapSpec `ebpf:"v4_classes"`
-	V4Present   *ebpf.MapSpec `ebpf:"v4_present"`
-	V4Rank      *ebpf.MapSpec `ebpf:"v4_rank"`
-	V4Tbl24     *ebpf.MapSpec `ebpf:"v4_tbl24"`
-	V4Tbl8s     *ebpf.MapSpec `ebpf:"v4_tbl8s"`
-	V6Prefixes  *ebpf.MapSpec `ebpf:"v6_prefixes"`
+	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	Hits           *ebpf.MapSpec `ebpf:"hits"`
+	KernelLpmV4    *ebpf.MapSpec `ebpf:"kernel_lpm_v4"`
+	KernelLpmV6    *ebpf.MapSpec `ebpf:"kernel_lpm_v6"`
+	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
+	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
+	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
+	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
+	V4Dir          *ebpf.MapSpec `ebpf:"v4_dir"`
+	V4Entries      *ebpf.MapSpec `ebpf:"v4_entries"`
+	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
+	V6Dir          *ebpf.MapSpec `ebpf:"v6_dir"`
+	V6Long         *ebpf.MapSpec `ebpf:"v6_long"`
+	V6Nodes        *ebpf.MapSpec `ebpf:"v6_nodes"`
+	V6Short        *ebpf.MapSpec `ebpf:"v6_short"`
 }
 
 // benchVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchVariableSpecs struct {
-	Family     *ebpf.VariableSpec `ebpf:"family"`
-	Structure  *ebpf.VariableSpec `ebpf:"structure"`
-	V6BaseAddr *ebpf.VariableSpec `ebpf:"v6_base_addr"`
-	V6LenCount *ebpf.VariableSpec `ebpf:"v6_len_count"`
-	V6Lens     *ebpf.VariableSpec `ebpf:"v6_lens"`
+	Family      *ebpf.VariableSpec `ebpf:"family"`
+	Structure   *ebpf.VariableSpec `ebpf:"structure"`
+	V6BaseAddr  *ebpf.VariableSpec `ebpf:"v6_base_addr"`
+	V6LongBits  *ebpf.VariableSpec `ebpf:"v6_long_bits"`
+	V6Seed      *ebpf.VariableSpec `ebpf:"v6_seed"`
+	V6ShortBits *ebpf.VariableSpec `ebpf:"v6_short_bits"`
 }
 
 // benchObjects contains all objects after they have been loaded into the kernel.
@@ -142,34 +150,40 @@ func (o *benchObjects) Close() error {
 //
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchMaps struct {
-	Hits        *ebpf.Map `ebpf:"hits"`
-	KernelLpmV4 *ebpf.Map `ebpf:"kernel_lpm_v4"`
-	KernelLpmV6 *ebpf.Map `ebpf:"kernel_lpm_v6"`
-	OverlayV4   *ebpf.Map `ebpf:"overlay_v4"`
-	OverlayV6   *ebpf.Map `ebpf:"overlay_v6"`
-	V4Bitmaps   *ebpf.Map `ebpf:"v4_bitmaps"`
-	V4Classes   *ebpf.Map `ebpf:"v4_classes"`
-	V4Present   *ebpf.Map `ebpf:"v4_present"`
-	V4Rank      *ebpf.Map `ebpf:"v4_rank"`
-	V4Tbl24     *ebpf.Map `ebpf:"v4_tbl24"`
-	V4Tbl8s     *ebpf.Map `ebpf:"v4_tbl8s"`
-	V6Prefixes  *ebpf.Map `ebpf:"v6_prefixes"`
+	Classes        *ebpf.Map `ebpf:"classes"`
+	Hits           *ebpf.Map `ebpf:"hits"`
+	KernelLpmV4    *ebpf.Map `ebpf:"kernel_lpm_v4"`
+	KernelLpmV6    *ebpf.Map `ebpf:"kernel_lpm_v6"`
+	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
+	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
+	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
+	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
+	V4Dir          *ebpf.Map `ebpf:"v4_dir"`
+	V4Entries      *ebpf.Map `ebpf:"v4_entries"`
+	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
+	V6Dir          *ebpf.Map `ebpf:"v6_dir"`
+	V6Long         *ebpf.Map `ebpf:"v6_long"`
+	V6Nodes        *ebpf.Map `ebpf:"v6_nodes"`
+	V6Short        *ebpf.Map `ebpf:"v6_short"`
 }
 
 func (m *benchMaps) Close() error {
 	return _BenchClose(
+		m.Classes,
 		m.Hits,
 		m.KernelLpmV4,
 		m.KernelLpmV6,
+		m.OverlayEntries,
 		m.OverlayV4,
 		m.OverlayV6,
 		m.V4Bitmaps,
-		m.V4Classes,
-		m.V4Present,
-		m.V4Rank,
-		m.V4Tbl24,
+		m.V4Dir,
+		m.V4Entries,
 		m.V4Tbl8s,
-		m.V6Prefixes,
+		m.V6Dir,
+		m.V6Long,
+		m.V6Nodes,
+		m.V6Short,
 	)
 }
 
@@ -177,11 +191,12 @@ func (m *benchMaps) Close() error {
 //
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchVariables struct {
-	Family     *ebpf.Variable `ebpf:"family"`
-	Structure  *ebpf.Variable `ebpf:"structure"`
-	V6BaseAddr *ebpf.Variable `ebpf:"v6_base_addr"`
-	V6LenCount *ebpf.Variable `ebpf:"v6_len_count"`
-	V6Lens     *ebpf.Variable `ebpf:"v6_lens"`
+	Family      *ebpf.Variable `ebpf:"family"`
+	Structure   *ebpf.Variable `ebpf:"structure"`
+	V6BaseAddr  *ebpf.Variable `ebpf:"v6_base_addr"`
+	V6LongBits  *ebpf.Variable `ebpf:"v6_long_bits"`
+	V6Seed      *ebpf.Variable `ebpf:"v6_seed"`
+	V6ShortBits *ebpf.Variable `ebpf:"v6_short_bits"`
 }
 
 // benchPrograms contains all programs after they have been loaded into the kernel.

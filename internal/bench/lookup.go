@@ -190,8 +190,8 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
 		}
 	}
-	ts := datapath.TableSpecs{V4Present: m.V4Present, V4Rank: m.V4Rank, V4Tbl24: m.V4Tbl24, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s,
-		V4Classes: m.V4Classes, V6Prefixes: m.V6Prefixes, V6Lens: v.V6Lens, V6LenCount: v.V6LenCount}
+	ts := datapath.TableSpecs{V4Dir: m.V4Dir, V4Entries: m.V4Entries, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Dir: m.V6Dir,
+		V6Nodes: m.V6Nodes, V6Short: m.V6Short, V6Long: m.V6Long, Classes: m.Classes, V6ShortBits: v.V6ShortBits, V6LongBits: v.V6LongBits, V6Seed: v.V6Seed}
 	if err := ts.Size(t); err != nil {
 		return nil, err
 	}
@@ -211,8 +211,8 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 }
 
 func tableMaps(o *benchObjects) datapath.TableMaps {
-	return datapath.TableMaps{V4Present: o.V4Present, V4Rank: o.V4Rank, V4Tbl24: o.V4Tbl24, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s,
-		V4Classes: o.V4Classes, V6Prefixes: o.V6Prefixes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6}
+	return datapath.TableMaps{V4Dir: o.V4Dir, V4Entries: o.V4Entries, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Dir: o.V6Dir,
+		V6Nodes: o.V6Nodes, V6Short: o.V6Short, V6Long: o.V6Long, Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
 }
 
 // kernelLPM loads the benchmark over the kernel's LPM trie holding
@@ -260,14 +260,17 @@ func fillLPM(m *ebpf.Map, fam int, prefixes []netip.Prefix) error {
 func rampart(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
 	start := time.Now()
 	var v4 []policy.Range4
-	var v6 []netip.Prefix
+	var v6 []policy.Range6
 	if fam == 4 {
 		v4 = make([]policy.Range4, len(prefixes))
 		for i, p := range prefixes {
 			v4[i] = policy.PrefixRange4(p)
 		}
 	} else {
-		v6 = slices.Clone(prefixes)
+		v6 = make([]policy.Range6, len(prefixes))
+		for i, p := range prefixes {
+			v6[i] = policy.PrefixRange6(p)
+		}
 	}
 	list := policy.BuildList("bench", v4, v6)
 	tables := compile.BuildTables([]*policy.List{list}, []uint64{1})

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/spf13/cobra"
 
@@ -41,9 +42,14 @@ never match).`,
 			}
 			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, unparsed %s, policy %s\n",
 				file, r.Rules, len(r.Lists), r.Entries, float64(r.TableBytes)/(1<<20), r.V4SplitBlocks, r.V6Prefixes, r.Default, r.Unparsed, r.PolicyHash[:12])
-			rows := [][]string{{"LIST", "ENTRIES", "SKIPPED"}}
+			rows := [][]string{{"LIST", "ENTRIES", "SKIPPED", "IPV4 RANGES", "IPV4 ADDRESSES", "IPV6 RANGES", "IPV6 ADDRESSES"}}
 			for _, l := range r.Lists {
-				rows = append(rows, []string{l.Name, fmt.Sprint(l.Entries), fmt.Sprint(l.Skipped)})
+				v6 := "0"
+				if l.V6Addresses > 0 {
+					v6 = fmt.Sprintf("2^%.1f", math.Log2(l.V6Addresses))
+				}
+				rows = append(rows, []string{l.Name, fmt.Sprint(l.Entries), fmt.Sprint(l.Skipped), fmt.Sprint(l.V4Ranges),
+					fmt.Sprint(l.V4Addresses), fmt.Sprint(l.V6Ranges), v6})
 			}
 			if len(rows) > 1 {
 				g.table(rows)

@@ -78,8 +78,9 @@ func Build(pol *policy.Policy) *Image {
 // to bit bits[i], with the lists' in-place ops as the overlay.
 func BuildTables(lists []*policy.List, bits []uint64) Tables {
 	var t Tables
-	buildV4(&t, lists, bits)
-	buildV6(&t, lists, bits)
+	c := newClasses(&t)
+	buildV4(&t, c, lists, bits)
+	buildV6(&t, c, lists, bits)
 	var ops []policy.ListOp
 	byName := map[string]uint64{}
 	for i, l := range lists {

@@ -1,7 +1,6 @@
 package compile
 
 import (
-	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -10,44 +9,9 @@ import (
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
-// lookup4 reads the IPv4 tables the way bpf/lists.h does.
-func lookup4(t *Tables, a uint32) uint64 {
-	blk := a >> 8
-	if int(blk>>6) >= len(t.V4Present) {
-		return 0
-	}
-	w := t.V4Present[blk>>6]
-	if w>>(blk&63)&1 == 0 {
-		return 0
-	}
-	e, lo := t.V4Tbl24[t.V4Rank[blk>>6]+uint64(bits.OnesCount64(w&(1<<(blk&63)-1)))], a&0xff
-	cls := e
-	switch {
-	case e&abi.V4Split == 0:
-	case e&abi.V4Tbl8Flag != 0:
-		cls = uint32(t.V4Tbl8s[e&(abi.V4Tbl8Flag-1)].Cls[lo])
-	default:
-		b := t.V4Bitmaps[e&(abi.V4Tbl8Flag-1)]
-		cls = uint32(b.Base)
-		if b.Bits[lo>>6]>>(lo&63)&1 == 1 {
-			cls = uint32(b.Hit)
-		}
-	}
-	return t.V4Classes[cls]
-}
+func lookup4(t *Tables, a uint32) uint64 { return t.Lookup(policy.UintToV4(a), nil) }
 
-// lookup6 probes the IPv6 lengths longest first, as bpf/lists.h does.
-func lookup6(t *Tables, a netip.Addr) uint64 {
-	for _, l := range t.V6Lens {
-		p, _ := a.Prefix(int(l))
-		for _, e := range t.V6 {
-			if e.Key == key6(p) {
-				return e.Mask
-			}
-		}
-	}
-	return 0
-}
+func lookup6(t *Tables, a netip.Addr) uint64 { return t.Lookup(a, nil) }
 
 func TestNestedAllowDeny(t *testing.T) {
 	pol, err := policy.Parse("p.yaml", []byte(`
@@ -76,9 +40,10 @@ rules:
 	if len(tb.V4Tbl8s) != 0 || len(tb.V4Bitmaps) != 1 {
 		t.Errorf("second stage: %d tbl8s, %d bitmaps", len(tb.V4Tbl8s), len(tb.V4Bitmaps))
 	}
-	// The /48 adds nothing to the /32 it is in: two IPv6 entries.
-	if len(tb.V6) != 2 || len(tb.V6Lens) != 2 || tb.V6Lens[0] != 64 || tb.V6Lens[1] != 32 {
-		t.Errorf("IPv6 entries %v lengths %v", tb.V6, tb.V6Lens)
+	// The /48 adds nothing to the /32 it is in: two IPv6 entries, the
+	// /32 and the /64, in one /24 block's node.
+	if tb.V6Prefixes() != 2 || len(tb.V6Nodes) != 1 || tb.V6Nodes[0].ShortLens != 1<<(32-25)|1<<(64-25) {
+		t.Errorf("IPv6 entries %d nodes %+v", tb.V6Prefixes(), tb.V6Nodes)
 	}
 	if got := lookup6(tb, netip.MustParseAddr("2001:db8:1:2::9")); got != deny|allow {
 		t.Errorf("IPv6 nested: %b", got)

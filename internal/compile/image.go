@@ -24,18 +24,21 @@ type Image struct {
 	Tables
 }
 
-// Tables are the contents of the prefix-list maps (see bpf/lists.h).
+// Tables are the contents of the prefix-list maps (see bpf/common.h).
 type Tables struct {
-	V4Present []uint64 // which /24 blocks have an entry; trailing empty words left out
-	V4Rank    []uint64 // per word of V4Present, the entries before it
-	V4Tbl24   []uint32 // the entries of the blocks present, in block order
-	V4Bitmaps []abi.V4Bitmap
-	V4Tbl8s   []abi.V4Tbl8
-	V4Classes []uint64 // class id -> list mask; class 0 is no list
-	V6        []Entry[abi.LPMKeyV6]
-	V6Lens    []uint8 // populated IPv6 prefix lengths, longest first
-	OverlayV4 []OverlayEntry[abi.LPMKeyV4]
-	OverlayV6 []OverlayEntry[abi.LPMKeyV6]
+	V4Dir                   []abi.DirNode // presence and rank per 64 /24 blocks, up to the last present
+	V4Entries               []uint64      // one per present block, in block order
+	V4Bitmaps               []abi.V4Bitmap
+	V4Tbl8s                 []abi.V4Tbl8
+	V6Dir                   []abi.DirNode
+	V6Nodes                 []abi.V6Node // one per present block of the top 24 bits
+	V6Short                 []abi.V6Slot // the hash of prefixes /25 to /64: 2^V6ShortBits slots
+	V6Long                  []abi.V6LongSlot
+	V6ShortBits, V6LongBits uint32
+	V6Seed                  uint64
+	Classes                 []uint64 // class id -> list mask; class 0 is no list
+	OverlayV4               []OverlayEntry[abi.LPMKeyV4]
+	OverlayV6               []OverlayEntry[abi.LPMKeyV6]
 }
 
 // Entry is one prefix and the bitmask of the lists holding it.
@@ -57,7 +60,8 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	t := &img.Tables
-	for _, part := range []any{t.V4Present, t.V4Rank, t.V4Tbl24, t.V4Bitmaps, t.V4Tbl8s, t.V4Classes, t.V6, t.V6Lens} {
+	for _, part := range []any{t.V4Dir, t.V4Entries, t.V4Bitmaps, t.V4Tbl8s, t.V6Dir, t.V6Nodes, t.V6Short, t.V6Long,
+		[]uint64{uint64(t.V6ShortBits), uint64(t.V6LongBits), t.V6Seed}, t.Classes} {
 		binary.Write(h, binary.LittleEndian, part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -65,9 +69,24 @@ func (img *Image) Hash() string {
 
 // KernelBytes estimates the kernel memory the tables take once loaded.
 func (t *Tables) KernelBytes() uint64 {
-	const hashElem = 64 // htab_elem header + key + value, rounded
 	const lpmNode = 64
-	chunks := (len(t.V4Tbl24) + abi.V4Chunk - 1) / abi.V4Chunk
-	return uint64(len(t.V4Present))*16 + uint64(chunks)*abi.V4Chunk*4 + uint64(len(t.V4Bitmaps))*40 + uint64(len(t.V4Tbl8s))*512 +
-		uint64(len(t.V4Classes))*8 + uint64(len(t.V6))*hashElem + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
+	return uint64(len(t.V4Dir)+len(t.V6Dir))*16 + uint64(len(t.V4Entries))*8 + uint64(len(t.V4Bitmaps))*40 +
+		uint64(len(t.V4Tbl8s))*512 + uint64(len(t.V6Nodes))*24 + uint64(len(t.V6Short))*16 + uint64(len(t.V6Long))*32 +
+		uint64(len(t.Classes))*8 + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
+}
+
+// V6Prefixes counts the IPv6 prefixes the tables hold after aggregation.
+func (t *Tables) V6Prefixes() int {
+	n := 0
+	for _, s := range t.V6Short {
+		if s.Len != 0 {
+			n++
+		}
+	}
+	for _, s := range t.V6Long {
+		if s.Len != 0 {
+			n++
+		}
+	}
+	return n
 }

@@ -1,60 +1,85 @@
 package compile
 
 import (
-	"slices"
-
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
+// classes numbers the distinct list masks both families meet; class 0 is
+// "in no list".
+type classes struct {
+	t  *Tables
+	of map[uint64]uint32
+	// The last mask asked for: lists alternate between a few masks.
+	lastMask  uint64
+	lastClass uint32
+}
+
+func newClasses(t *Tables) *classes {
+	t.Classes = []uint64{0}
+	return &classes{t: t, of: map[uint64]uint32{0: 0}}
+}
+
+func (c *classes) class(mask uint64) uint32 {
+	if mask == c.lastMask {
+		return c.lastClass
+	}
+	id, ok := c.of[mask]
+	if !ok {
+		id = uint32(len(c.t.Classes))
+		c.of[mask] = id
+		c.t.Classes = append(c.t.Classes, mask)
+	}
+	c.lastMask, c.lastClass = mask, id
+	return id
+}
+
 // buildV4 sweeps the lists' IPv4 ranges in address order into segments of
-// equal membership, and lays the segments out as a DIR-24-8 table: one entry
-// per /24 block, and a second stage only for blocks that hold more than one
-// membership. Overlapping and duplicate prefixes, nested allow/deny lists
-// and adjacent ranges all come out of the sweep merged.
-func buildV4(t *Tables, lists []*policy.List, bits []uint64) {
+// equal membership and lays them out per /24 block (bpf/common.h): a block
+// in one class is a CLASS entry; a block with at most V4_INLINE addresses
+// of a second class an INLINE entry, the common case of host lists; any
+// other pattern of two classes a bitmap, of more a tbl8. Overlapping and
+// duplicate ranges, nested allow/deny lists and adjacency all come out of
+// the sweep merged.
+func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	ranges := 0
 	for _, l := range lists {
 		ranges += len(l.V4)
 	}
 	if ranges == 0 {
-		return // no 64 MiB scratch table for a policy without IPv4 lists
+		return
 	}
-	b := v4Builder{t: t, classOf: map[uint64]uint32{0: 0}, blk: -1, pieces: make([]piece, 0, 256)}
-	t.V4Classes = []uint64{0}
-	t.V4Tbl24 = make([]uint32, abi.V4Blocks)
-	// A block is split only where a range starts or ends inside it; room
-	// reserved but never touched costs no memory.
-	t.V4Bitmaps = make([]abi.V4Bitmap, 0, min(2*ranges, abi.V4Blocks))
+	b := v4Builder{t: t, c: c, blk: -1, pieces: make([]piece, 0, 256)}
+	b.blocks = make([]uint32, 0, min(ranges, abi.V4Blocks))
+	t.V4Entries = make([]uint64, 0, min(ranges, abi.V4Blocks))
 	sweepV4(lists, bits, b.segment)
 	b.flush()
-	compress(t)
+	t.V4Dir = directory(b.blocks)
 }
 
-// compress keeps the entries of listed blocks only, and the bitmap and
-// ranks that find them.
-func compress(t *Tables) {
-	full := t.V4Tbl24
-	last := len(full)
-	for last > 0 && full[last-1] == 0 {
-		last--
+// directory builds the presence nodes of present blocks (in order).
+func directory(blocks []uint32) []abi.DirNode {
+	if len(blocks) == 0 {
+		return nil
 	}
-	t.V4Present = make([]uint64, (last+63)/64)
-	t.V4Rank = make([]uint64, len(t.V4Present))
-	dense := full[:0] // overwrites full behind the reading position
-	for blk, e := range full[:last] {
-		if blk&63 == 0 {
-			t.V4Rank[blk>>6] = uint64(len(dense))
+	dir := make([]abi.DirNode, blocks[len(blocks)-1]/64+1)
+	for i, blk := range blocks {
+		n := &dir[blk/64]
+		if n.Bits == 0 {
+			n.Rank = uint64(i)
 		}
-		if e != 0 {
-			t.V4Present[blk>>6] |= 1 << (blk & 63)
-			dense = append(dense, e)
+		n.Bits |= 1 << (blk % 64)
+	}
+	// Nodes without blocks still need the rank of the next present block.
+	next := uint64(len(blocks))
+	for i := len(dir) - 1; i >= 0; i-- {
+		if dir[i].Bits == 0 {
+			dir[i].Rank = next
+		} else {
+			next = dir[i].Rank
 		}
 	}
-	t.V4Tbl24 = slices.Clip(dense)
-	if len(dense) == 0 {
-		t.V4Tbl24 = nil
-	}
+	return dir
 }
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list
@@ -87,13 +112,11 @@ func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask 
 }
 
 type v4Builder struct {
-	t       *Tables
-	classOf map[uint64]uint32
-	blk     int64   // the block being assembled from pieces, or -1
-	pieces  []piece // its pieces, in address order
-	// The last mask seen: lists alternate between a few masks.
-	lastMask  uint64
-	lastClass uint32
+	t      *Tables
+	c      *classes
+	blocks []uint32 // present blocks, in order, one per entry
+	blk    int64    // the block being assembled from pieces, or -1
+	pieces []piece  // its pieces, in address order
 }
 
 // piece is the addresses .lo to .hi of a block, all in one class.
@@ -102,33 +125,26 @@ type piece struct {
 	cls    uint32
 }
 
-func (b *v4Builder) class(mask uint64) uint32 {
-	if mask == b.lastMask {
-		return b.lastClass
-	}
-	c, ok := b.classOf[mask]
-	if !ok {
-		c = uint32(len(b.t.V4Classes))
-		b.classOf[mask] = c
-		b.t.V4Classes = append(b.t.V4Classes, mask)
-	}
-	b.lastMask, b.lastClass = mask, c
-	return c
+func (b *v4Builder) add(blk uint32, entry uint64) {
+	b.blocks = append(b.blocks, blk)
+	b.t.V4Entries = append(b.t.V4Entries, entry)
 }
 
 func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
-	c := b.class(mask)
+	c := b.c.class(mask)
 	for {
 		blk := int64(lo >> 8)
 		if lo&0xff == 0 && (hi>>8 > lo>>8 || hi&0xff == 0xff) {
-			// Whole blocks: one entry each.
+			// Whole blocks: one CLASS entry each, after the partial
+			// block before them.
+			b.flush()
 			last := int64(hi >> 8)
 			if hi&0xff != 0xff {
 				last--
 			}
 			if c != 0 {
 				for k := blk; k <= last; k++ {
-					b.t.V4Tbl24[k] = c
+					b.add(uint32(k), abi.V4EClass<<abi.V4ETypeShift|uint64(c))
 				}
 			}
 			if last == 0xffffff {
@@ -154,31 +170,49 @@ func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
 	}
 }
 
-// flush stores the assembled block: a bitmap when it holds two classes, a
-// tbl8 otherwise.
+// flush stores the assembled block.
 func (b *v4Builder) flush() {
 	if b.blk < 0 {
 		return
 	}
+	defer func() { b.blk, b.pieces = -1, b.pieces[:0] }()
 	ps := b.pieces
-	base, hit, n := ps[0].cls, ps[0].cls, 1
+	var size [2]int // addresses in the block's first two classes
+	cls := [2]uint32{ps[0].cls, ps[0].cls}
+	n := 1
 	for _, p := range ps {
-		if p.cls != base && p.cls != hit {
-			hit = p.cls
-			n++
+		switch {
+		case p.cls == cls[0]:
+			size[0] += int(p.hi-p.lo) + 1
+		case n == 1 || p.cls == cls[1]:
+			cls[1], n = p.cls, max(n, 2)
+			size[1] += int(p.hi-p.lo) + 1
+		default:
+			n = 3
 		}
 	}
+	blk := uint32(b.blk)
 	switch {
 	case n == 1:
-		b.t.V4Tbl24[b.blk] = base
+		if cls[0] != 0 {
+			b.add(blk, abi.V4EClass<<abi.V4ETypeShift|uint64(cls[0]))
+		}
 	case n == 2:
+		base, hit := cls[0], cls[1]
+		if size[0] < size[1] {
+			base, hit = hit, base
+		}
+		if min(size[0], size[1]) <= abi.V4Inline && max(base, hit) < 1<<abi.V4InlineClassBits {
+			b.add(blk, inline(ps, base, hit))
+			return
+		}
 		bm := abi.V4Bitmap{Base: uint16(base), Hit: uint16(hit)}
 		for _, p := range ps {
 			if p.cls == hit {
 				setBits(&bm.Bits, int(p.lo), int(p.hi))
 			}
 		}
-		b.t.V4Tbl24[b.blk] = abi.V4Split | uint32(len(b.t.V4Bitmaps))
+		b.add(blk, abi.V4EBitmap<<abi.V4ETypeShift|uint64(len(b.t.V4Bitmaps)))
 		b.t.V4Bitmaps = append(b.t.V4Bitmaps, bm)
 	default:
 		var t8 abi.V4Tbl8
@@ -187,11 +221,34 @@ func (b *v4Builder) flush() {
 				t8.Cls[a] = uint16(p.cls)
 			}
 		}
-		b.t.V4Tbl24[b.blk] = abi.V4Split | abi.V4Tbl8Flag | uint32(len(b.t.V4Tbl8s))
+		b.add(blk, abi.V4ETbl8<<abi.V4ETypeShift|uint64(len(b.t.V4Tbl8s)))
 		b.t.V4Tbl8s = append(b.t.V4Tbl8s, t8)
 	}
-	b.blk = -1
-	b.pieces = b.pieces[:0]
+}
+
+// inline packs a block with at most V4_INLINE addresses of class hit into
+// one entry: the classes and the addresses' last octets, unused octets
+// repeating the first (bpf/lists.h matches any of the four).
+func inline(ps []piece, base, hit uint32) uint64 {
+	var octets [abi.V4Inline]uint8
+	n := 0
+	for _, p := range ps {
+		if p.cls == hit {
+			for a := int(p.lo); a <= int(p.hi); a++ {
+				octets[n] = uint8(a)
+				n++
+			}
+		}
+	}
+	var packed uint64
+	for i := range octets {
+		o := octets[0]
+		if i < n {
+			o = octets[i]
+		}
+		packed |= uint64(o) << (8 * i)
+	}
+	return abi.V4EInline<<abi.V4ETypeShift | packed<<abi.V4EOctetsShift | uint64(hit)<<abi.V4EHitShift | uint64(base)
 }
 
 // setBits sets bits lo to hi (inclusive) of a 256-bit bitmap.

@@ -1,59 +1,117 @@
 package compile
 
 import (
+	"cmp"
+	"math/bits"
 	"net/netip"
 	"slices"
-	"sort"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
-type entry struct {
-	p    netip.Prefix
-	mask uint64
-}
-
-// buildV6 gives each IPv6 prefix the union of its own lists and those of
-// every prefix containing it, so the longest match answers for all lists;
-// a prefix adding nothing to its nearest ancestor is left out (aggregation).
-func buildV6(t *Tables, lists []*policy.List, bits []uint64) {
-	var all []entry
+// buildV6 covers each list's merged ranges with the fewest prefixes (so
+// adjacent and sibling entries of a list merge), gives every prefix the
+// union of its own lists and those of every prefix containing it (so the
+// longest match answers for all lists; a prefix adding nothing to its
+// nearest ancestor is left out), and lays them out by /24 block: a prefix up
+// to /24 sets the class of the blocks it covers (the longest wins), a longer
+// one marks its length in its block's node and goes into the hash table of
+// its length's kind.
+func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
+	var all []entry6
 	for i, l := range lists {
-		for _, p := range l.V6 {
-			all = append(all, entry{p, bits[i]})
+		for _, r := range l.V6 {
+			policy.Cover(r.Lo, r.Hi, 128, func(first policy.U128, length int) {
+				all = append(all, entry6{first, uint8(length), masks[i]})
+			})
 		}
 	}
-	lens := map[int]bool{}
+	if len(all) == 0 {
+		return
+	}
+	var short []abi.V6Slot
+	var long []abi.V6LongSlot
+	var marks []blockMark
 	for _, e := range closeOverAncestors(all) {
-		lens[e.p.Bits()] = true
-		t.V6 = append(t.V6, Entry[abi.LPMKeyV6]{Key: key6(e.p), Mask: e.mask})
+		cls := c.class(e.mask)
+		switch {
+		case e.len <= 24:
+			first := e.first.Hi >> 40
+			for blk := first; blk <= first|(1<<(24-e.len)-1); blk++ {
+				marks = append(marks, blockMark{uint32(blk), e.len, 0, cls})
+			}
+		case e.len <= 64:
+			marks = append(marks, blockMark{uint32(e.first.Hi >> 40), e.len, 1 << (e.len - abi.V6ShortMin), 0})
+			short = append(short, abi.V6Slot{Key: e.first.Hi, Len: uint32(e.len), Cls: cls})
+		default:
+			marks = append(marks, blockMark{uint32(e.first.Hi >> 40), e.len, 0, 0})
+			long = append(long, abi.V6LongSlot{Hi: e.first.Hi, Lo: e.first.Lo, Len: uint32(e.len), Cls: cls})
+		}
 	}
-	for l := range lens {
-		t.V6Lens = append(t.V6Lens, uint8(l))
+	// Blocks in order; a block's shorter prefixes before its longer ones,
+	// so the longest prefix up to /24 gives the block's class.
+	slices.SortFunc(marks, func(a, b blockMark) int {
+		if a.blk != b.blk {
+			return cmp.Compare(a.blk, b.blk)
+		}
+		return cmp.Compare(a.len, b.len)
+	})
+	var blocks []uint32
+	for _, m := range marks {
+		if n := len(blocks); n == 0 || blocks[n-1] != m.blk {
+			blocks = append(blocks, m.blk)
+			t.V6Nodes = append(t.V6Nodes, abi.V6Node{})
+		}
+		n := &t.V6Nodes[len(t.V6Nodes)-1]
+		switch {
+		case m.len <= 24:
+			n.Base = m.cls
+		case m.len <= 64:
+			n.ShortLens |= m.lens
+		default:
+			n.LongLens |= 1 << (m.len - abi.V6LongMin)
+		}
 	}
-	sort.Slice(t.V6Lens, func(i, j int) bool { return t.V6Lens[i] > t.V6Lens[j] })
+	t.V6Dir = directory(blocks)
+	t.V6Short, t.V6Long, t.V6ShortBits, t.V6LongBits, t.V6Seed = hashTables(short, long)
 }
 
-func key6(p netip.Prefix) abi.LPMKeyV6 {
-	return abi.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
+// entry6 is a prefix (its first address and length) and its list mask.
+type entry6 struct {
+	first policy.U128
+	len   uint8
+	mask  uint64
 }
 
-func key4(p netip.Prefix) abi.LPMKeyV4 {
-	return abi.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}
+func (e entry6) contains(a policy.U128) bool {
+	return e.first.Cmp(a) <= 0 && a.Cmp(e.first.Or(policy.LowMask(128-int(e.len)))) <= 0
+}
+
+// blockMark is what one prefix says of one /24 block.
+type blockMark struct {
+	blk  uint32
+	len  uint8
+	lens uint64 // a short length's bit
+	cls  uint32 // for a prefix up to /24: its class
 }
 
 // closeOverAncestors walks prefixes in address order, ancestors first, with
 // a stack of the prefixes containing the current one.
-func closeOverAncestors(all []entry) []entry {
-	slices.SortFunc(all, func(a, b entry) int { return policy.ComparePrefix(a.p, b.p) })
-	var out, stack []entry
+func closeOverAncestors(all []entry6) []entry6 {
+	slices.SortFunc(all, func(a, b entry6) int {
+		if c := a.first.Cmp(b.first); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.len, b.len)
+	})
+	var out, stack []entry6
 	for i := 0; i < len(all); {
 		e := all[i]
-		for i++; i < len(all) && all[i].p == e.p; i++ {
+		for i++; i < len(all) && all[i].first == e.first && all[i].len == e.len; i++ {
 			e.mask |= all[i].mask
 		}
-		for len(stack) > 0 && !stack[len(stack)-1].p.Contains(e.p.Addr()) {
+		for len(stack) > 0 && !stack[len(stack)-1].contains(e.first) {
 			stack = stack[:len(stack)-1]
 		}
 		if len(stack) > 0 {
@@ -67,6 +125,69 @@ func closeOverAncestors(all []entry) []entry {
 		out = append(out, e)
 	}
 	return out
+}
+
+// hash is bpf/lists.h's v6_hash: the two must agree bit for bit.
+func hash(hi, lo uint64, length uint32, seed uint64) uint64 {
+	h := (hi ^ seed) * 0x9e3779b97f4a7c15
+	h ^= lo + uint64(length)
+	return (h ^ h>>29) * 0xbf58476d1ce4e5b9
+}
+
+// hashTables lays out the two open-addressing tables: twice as many slots
+// as keys (at least two), and a seed under which every key sits within
+// V6_MAX_PROBE slots of its home (tried deterministically, so one policy
+// always gives one image; the table doubles if no seed of a few will do).
+func hashTables(short []abi.V6Slot, long []abi.V6LongSlot) ([]abi.V6Slot, []abi.V6LongSlot, uint32, uint32, uint64) {
+	sb, lb := tableBits(len(short)), tableBits(len(long))
+	for seed := uint64(0); ; seed++ {
+		if seed%8 == 7 { // unlucky with every seed so far: more room
+			sb, lb = sb+1, lb+1
+		}
+		st, ok1 := place(short, sb, func(s abi.V6Slot) uint64 { return hash(s.Key, 0, s.Len, seed) })
+		if !ok1 {
+			continue
+		}
+		lt, ok2 := place(long, lb, func(s abi.V6LongSlot) uint64 { return hash(s.Hi, s.Lo, s.Len, seed) })
+		if ok2 {
+			return st, lt, sb, lb, seed
+		}
+	}
+}
+
+func tableBits(n int) uint32 {
+	if n == 0 {
+		return 1
+	}
+	return uint32(max(1, bits.Len(uint(2*n-1))))
+}
+
+// place puts every slot at its home (the top bits of its hash) or the next
+// free one, failing when one lands V6_MAX_PROBE or more slots away.
+func place[S abi.V6Slot | abi.V6LongSlot](slots []S, tbits uint32, h func(S) uint64) ([]S, bool) {
+	table := make([]S, 1<<tbits)
+	mask := uint64(len(table) - 1)
+	used := make([]bool, len(table))
+	for _, s := range slots {
+		home := h(s) >> (64 - tbits)
+		k := uint64(0)
+		for ; used[(home+k)&mask]; k++ {
+			if k+1 >= abi.V6MaxProbe {
+				return nil, false
+			}
+		}
+		table[(home+k)&mask] = s
+		used[(home+k)&mask] = true
+	}
+	return table, true
+}
+
+func key6(p netip.Prefix) abi.LPMKeyV6 {
+	return abi.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
+}
+
+func key4(p netip.Prefix) abi.LPMKeyV4 {
+	return abi.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}
 }
 
 // Overlay turns in-place ops into overlay entries: for every op prefix, per

@@ -16,16 +16,19 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	filterMapClasses         = "classes"
 	filterMapCounters        = "counters"
+	filterMapOverlayEntries  = "overlay_entries"
 	filterMapOverlayV4       = "overlay_v4"
 	filterMapOverlayV6       = "overlay_v6"
 	filterMapV4Bitmaps       = "v4_bitmaps"
-	filterMapV4Classes       = "v4_classes"
-	filterMapV4Present       = "v4_present"
-	filterMapV4Rank          = "v4_rank"
-	filterMapV4Tbl24         = "v4_tbl24"
+	filterMapV4Dir           = "v4_dir"
+	filterMapV4Entries       = "v4_entries"
 	filterMapV4Tbl8s         = "v4_tbl8s"
-	filterMapV6Prefixes      = "v6_prefixes"
+	filterMapV6Dir           = "v6_dir"
+	filterMapV6Long          = "v6_long"
+	filterMapV6Nodes         = "v6_nodes"
+	filterMapV6Short         = "v6_short"
 	filterProgRampartTc      = "rampart_tc"
 	filterProgRampartXdp     = "rampart_xdp"
 	filterVarDefaultAction   = "default_action"
@@ -36,8 +39,9 @@ const (
 	filterVarRuleCount       = "rule_count"
 	filterVarRules           = "rules"
 	filterVarUnparsedAction  = "unparsed_action"
-	filterVarV6LenCount      = "v6_len_count"
-	filterVarV6Lens          = "v6_lens"
+	filterVarV6LongBits      = "v6_long_bits"
+	filterVarV6Seed          = "v6_seed"
+	filterVarV6ShortBits     = "v6_short_bits"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -90,16 +94,19 @@ type filterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterMapSpecs struct {
-	Counters   *ebpf.MapSpec `ebpf:"counters"`
-	OverlayV4  *ebpf.MapSpec `ebpf:"overlay_v4"`
-	OverlayV6  *ebpf.MapSpec `ebpf:"overlay_v6"`
-	V4Bitmaps  *ebpf.MapSpec `ebpf:"v4_bitmaps"`
-	V4Classes  *ebpf.MapSpec `ebpf:"v4_classes"`
-	V4Present  *ebpf.MapSpec `ebpf:"v4_present"`
-	V4Rank     *ebpf.MapSpec `ebpf:"v4_rank"`
-	V4Tbl24    *ebpf.MapSpec `ebpf:"v4_tbl24"`
-	V4Tbl8s    *ebpf.MapSpec `ebpf:"v4_tbl8s"`
-	V6Prefixes *ebpf.MapSpec `ebpf:"v6_prefixes"`
+	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
+	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
+	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
+	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
+	V4Dir          *ebpf.MapSpec `ebpf:"v4_dir"`
+	V4Entries      *ebpf.MapSpec `ebpf:"v4_entries"`
+	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
+	V6Dir          *ebpf.MapSpec `ebpf:"v6_dir"`
+	V6Long         *ebpf.MapSpec `ebpf:"v6_long"`
+	V6Nodes        *ebpf.MapSpec `ebpf:"v6_nodes"`
+	V6Short        *ebpf.MapSpec `ebpf:"v6_short"`
 }
 
 // filterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -114,8 +121,9 @@ type filterVariableSpecs struct {
 	RuleCount       *ebpf.VariableSpec `ebpf:"rule_count"`
 	Rules           *ebpf.VariableSpec `ebpf:"rules"`
 	UnparsedAction  *ebpf.VariableSpec `ebpf:"unparsed_action"`
-	V6LenCount      *ebpf.VariableSpec `ebpf:"v6_len_count"`
-	V6Lens          *ebpf.VariableSpec `ebpf:"v6_lens"`
+	V6LongBits      *ebpf.VariableSpec `ebpf:"v6_long_bits"`
+	V6Seed          *ebpf.VariableSpec `ebpf:"v6_seed"`
+	V6ShortBits     *ebpf.VariableSpec `ebpf:"v6_short_bits"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -138,30 +146,36 @@ func (o *filterObjects) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterMaps struct {
-	Counters   *ebpf.Map `ebpf:"counters"`
-	OverlayV4  *ebpf.Map `ebpf:"overlay_v4"`
-	OverlayV6  *ebpf.Map `ebpf:"overlay_v6"`
-	V4Bitmaps  *ebpf.Map `ebpf:"v4_bitmaps"`
-	V4Classes  *ebpf.Map `ebpf:"v4_classes"`
-	V4Present  *ebpf.Map `ebpf:"v4_present"`
-	V4Rank     *ebpf.Map `ebpf:"v4_rank"`
-	V4Tbl24    *ebpf.Map `ebpf:"v4_tbl24"`
-	V4Tbl8s    *ebpf.Map `ebpf:"v4_tbl8s"`
-	V6Prefixes *ebpf.Map `ebpf:"v6_prefixes"`
+	Classes        *ebpf.Map `ebpf:"classes"`
+	Counters       *ebpf.Map `ebpf:"counters"`
+	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
+	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
+	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
+	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
+	V4Dir          *ebpf.Map `ebpf:"v4_dir"`
+	V4Entries      *ebpf.Map `ebpf:"v4_entries"`
+	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
+	V6Dir          *ebpf.Map `ebpf:"v6_dir"`
+	V6Long         *ebpf.Map `ebpf:"v6_long"`
+	V6Nodes        *ebpf.Map `ebpf:"v6_nodes"`
+	V6Short        *ebpf.Map `ebpf:"v6_short"`
 }
 
 func (m *filterMaps) Close() error {
 	return _FilterClose(
+		m.Classes,
 		m.Counters,
+		m.OverlayEntries,
 		m.OverlayV4,
 		m.OverlayV6,
 		m.V4Bitmaps,
-		m.V4Classes,
-		m.V4Present,
-		m.V4Rank,
-		m.V4Tbl24,
+		m.V4Dir,
+		m.V4Entries,
 		m.V4Tbl8s,
-		m.V6Prefixes,
+		m.V6Dir,
+		m.V6Long,
+		m.V6Nodes,
+		m.V6Short,
 	)
 }
 
@@ -177,8 +191,9 @@ type filterVariables struct {
 	RuleCount       *ebpf.Variable `ebpf:"rule_count"`
 	Rules           *ebpf.Variable `ebpf:"rules"`
 	UnparsedAction  *ebpf.Variable `ebpf:"unparsed_action"`
-	V6LenCount      *ebpf.Variable `ebpf:"v6_len_count"`
-	V6Lens          *ebpf.Variable `ebpf:"v6_lens"`
+	V6LongBits      *ebpf.Variable `ebpf:"v6_long_bits"`
+	V6Seed          *ebpf.Variable `ebpf:"v6_seed"`
+	V6ShortBits     *ebpf.Variable `ebpf:"v6_short_bits"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

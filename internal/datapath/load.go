@@ -87,7 +87,7 @@ func Load(img *compile.Image) (*Objects, error) {
 		}
 	}
 	m := &specs.filterMapSpecs
-	ts := TableSpecs{m.V4Present, m.V4Rank, m.V4Tbl24, m.V4Bitmaps, m.V4Tbl8s, m.V4Classes, m.V6Prefixes, v.V6Lens, v.V6LenCount}
+	ts := TableSpecs{m.V4Dir, m.V4Entries, m.V4Bitmaps, m.V4Tbl8s, m.V6Dir, m.V6Nodes, m.V6Short, m.V6Long, m.Classes, v.V6ShortBits, v.V6LongBits, v.V6Seed}
 	if err := ts.Size(&img.Tables); err != nil {
 		return nil, err
 	}
@@ -113,7 +113,7 @@ func loadError(err error) error {
 }
 
 func (o *Objects) tables() TableMaps {
-	return TableMaps{o.V4Present, o.V4Rank, o.V4Tbl24, o.V4Bitmaps, o.V4Tbl8s, o.V4Classes, o.V6Prefixes, o.OverlayV4, o.OverlayV6}
+	return TableMaps{o.V4Dir, o.V4Entries, o.V4Bitmaps, o.V4Tbl8s, o.V6Dir, o.V6Nodes, o.V6Short, o.V6Long, o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries}
 }
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
@@ -140,9 +140,10 @@ type pinned struct {
 func (o *Objects) all() []pinned {
 	return []pinned{
 		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterMapCounters, o.Counters},
-		{filterMapV4Present, o.V4Present}, {filterMapV4Rank, o.V4Rank}, {filterMapV4Tbl24, o.V4Tbl24},
-		{filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s}, {filterMapV4Classes, o.V4Classes},
-		{filterMapV6Prefixes, o.V6Prefixes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
+		{filterMapV4Dir, o.V4Dir}, {filterMapV4Entries, o.V4Entries}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
+		{filterMapV6Dir, o.V6Dir}, {filterMapV6Nodes, o.V6Nodes}, {filterMapV6Short, o.V6Short}, {filterMapV6Long, o.V6Long},
+		{filterMapClasses, o.Classes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
+		{filterMapOverlayEntries, o.OverlayEntries},
 	}
 }
 
@@ -180,9 +181,9 @@ func LoadPinned(dir string) (*Objects, error) {
 		return x
 	}
 	o.RampartXdp, o.RampartTc, o.Counters = prog(filterProgRampartXdp), prog(filterProgRampartTc), m(filterMapCounters)
-	o.V4Present, o.V4Rank, o.V4Tbl24 = m(filterMapV4Present), m(filterMapV4Rank), m(filterMapV4Tbl24)
-	o.V4Bitmaps, o.V4Tbl8s, o.V4Classes = m(filterMapV4Bitmaps), m(filterMapV4Tbl8s), m(filterMapV4Classes)
-	o.V6Prefixes, o.OverlayV4, o.OverlayV6 = m(filterMapV6Prefixes), m(filterMapOverlayV4), m(filterMapOverlayV6)
+	o.V4Dir, o.V4Entries, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Dir), m(filterMapV4Entries), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
+	o.V6Dir, o.V6Nodes, o.V6Short, o.V6Long = m(filterMapV6Dir), m(filterMapV6Nodes), m(filterMapV6Short), m(filterMapV6Long)
+	o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries = m(filterMapClasses), m(filterMapOverlayV4), m(filterMapOverlayV6), m(filterMapOverlayEntries)
 	if err != nil {
 		o.Close()
 		return nil, fmt.Errorf("objects pinned in %s: %w", dir, err)

@@ -9,14 +9,42 @@ import (
 	"github.com/rampart-fw/rampart/internal/compile"
 )
 
-// ReplaceOverlay rewrites the in-place overlay of the objects: new and
-// changed entries first, then stale ones deleted. Every update is atomic for
-// the packets that see it, and the base tables are never touched.
+// ReplaceOverlay rewrites the in-place overlay of the objects (see
+// TableMaps.ReplaceOverlay).
 func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
-	if err := replaceOverlay(o.OverlayV4, v4); err != nil {
+	return o.tables().ReplaceOverlay(v4, v6)
+}
+
+// ReplaceOverlay rewrites the in-place overlay: new and changed entries
+// first, then stale ones deleted. Every update is atomic for the packets that
+// see it, and the base tables are never touched. The programs look the trie
+// up only while overlay_entries says it holds entries: the count goes up
+// before entries are added and down after they are deleted.
+func (m TableMaps) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	for fam, n := range []int{len(v4), len(v6)} {
+		if err := m.raiseOverlayCount(uint32(fam), uint32(n)); err != nil {
+			return err
+		}
+	}
+	if err := replaceOverlay(m.OverlayV4, v4); err != nil {
 		return err
 	}
-	return replaceOverlay(o.OverlayV6, v6)
+	if err := replaceOverlay(m.OverlayV6, v6); err != nil {
+		return err
+	}
+	return errors.Join(m.OverlayEntries.Put(uint32(0), uint32(len(v4))), m.OverlayEntries.Put(uint32(1), uint32(len(v6))))
+}
+
+// raiseOverlayCount makes a family's count at least n.
+func (m TableMaps) raiseOverlayCount(fam, n uint32) error {
+	var cur uint32
+	if err := m.OverlayEntries.Lookup(fam, &cur); err != nil {
+		return err
+	}
+	if n > cur {
+		return m.OverlayEntries.Put(fam, n)
+	}
+	return nil
 }
 
 func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K]) error {

@@ -16,33 +16,29 @@ import (
 // TableSpecs are the prefix-list maps and variables of bpf/lists.h before
 // load, in any object built over it (the filter, the lookup benchmark).
 type TableSpecs struct {
-	V4Present, V4Rank, V4Tbl24, V4Bitmaps, V4Tbl8s, V4Classes, V6Prefixes *ebpf.MapSpec
-	V6Lens, V6LenCount                                                    *ebpf.VariableSpec
+	V4Dir, V4Entries, V4Bitmaps, V4Tbl8s, V6Dir, V6Nodes, V6Short, V6Long, Classes *ebpf.MapSpec
+	V6ShortBits, V6LongBits, V6Seed                                                *ebpf.VariableSpec
 }
 
-// Size sets every table to its contents (and the populated IPv6 lengths).
+// Size sets every table to its contents, and the hash tables' parameters.
 func (s *TableSpecs) Size(t *compile.Tables) error {
-	chunks := (len(t.V4Tbl24) + abi.V4Chunk - 1) / abi.V4Chunk
 	for _, m := range []struct {
 		spec *ebpf.MapSpec
 		n    int
 	}{
-		{s.V4Present, len(t.V4Present)}, {s.V4Rank, len(t.V4Rank)}, {s.V4Tbl24, chunks}, {s.V4Bitmaps, len(t.V4Bitmaps)},
-		{s.V4Tbl8s, len(t.V4Tbl8s)}, {s.V4Classes, len(t.V4Classes)}, {s.V6Prefixes, len(t.V6)},
+		{s.V4Dir, len(t.V4Dir)}, {s.V4Entries, len(t.V4Entries)}, {s.V4Bitmaps, len(t.V4Bitmaps)}, {s.V4Tbl8s, len(t.V4Tbl8s)},
+		{s.V6Dir, len(t.V6Dir)}, {s.V6Nodes, len(t.V6Nodes)}, {s.V6Short, len(t.V6Short)}, {s.V6Long, len(t.V6Long)},
+		{s.Classes, len(t.Classes)},
 	} {
 		m.spec.MaxEntries = uint32(max(1, m.n))
 	}
-	var lens [abi.V6MaxLens]uint8
-	copy(lens[:], t.V6Lens)
-	if err := s.V6Lens.Set(lens); err != nil {
-		return err
-	}
-	return s.V6LenCount.Set(uint32(len(t.V6Lens)))
+	return errors.Join(s.V6ShortBits.Set(max(1, t.V6ShortBits)), s.V6LongBits.Set(max(1, t.V6LongBits)), s.V6Seed.Set(t.V6Seed))
 }
 
 // TableMaps are the prefix-list maps of bpf/lists.h once loaded.
 type TableMaps struct {
-	V4Present, V4Rank, V4Tbl24, V4Bitmaps, V4Tbl8s, V4Classes, V6Prefixes, OverlayV4, OverlayV6 *ebpf.Map
+	V4Dir, V4Entries, V4Bitmaps, V4Tbl8s, V6Dir, V6Nodes, V6Short, V6Long, Classes *ebpf.Map
+	OverlayV4, OverlayV6, OverlayEntries                                           *ebpf.Map
 }
 
 // Fill writes the tables into maps sized by TableSpecs.Size.
@@ -51,31 +47,21 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 		m    *ebpf.Map
 		data []byte
 	}{
-		{m.V4Present, unsafeBytes(t.V4Present)}, {m.V4Rank, unsafeBytes(t.V4Rank)}, {m.V4Tbl24, unsafeBytes(t.V4Tbl24)},
-		{m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)}, {m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)}, {m.V4Classes, unsafeBytes(t.V4Classes)},
+		{m.V4Dir, unsafeBytes(t.V4Dir)}, {m.V4Entries, unsafeBytes(t.V4Entries)}, {m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)},
+		{m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)}, {m.V6Dir, unsafeBytes(t.V6Dir)}, {m.V6Nodes, unsafeBytes(t.V6Nodes)},
+		{m.V6Short, unsafeBytes(t.V6Short)}, {m.V6Long, unsafeBytes(t.V6Long)}, {m.Classes, unsafeBytes(t.Classes)},
 	} {
 		if err := writeArray(a.m, a.data); err != nil {
 			return err
 		}
 	}
-	keys := make([]abi.LPMKeyV6, len(t.V6))
-	vals := make([]uint64, len(t.V6))
-	for i, e := range t.V6 {
-		keys[i], vals[i] = e.Key, e.Mask
-	}
-	if err := putAll(m.V6Prefixes, keys, vals); err != nil {
-		return fmt.Errorf("IPv6 prefixes: %w", err)
-	}
-	if err := putOverlay(m.OverlayV4, t.OverlayV4); err != nil {
-		return err
-	}
-	return putOverlay(m.OverlayV6, t.OverlayV6)
+	return m.ReplaceOverlay(t.OverlayV4, t.OverlayV6)
 }
 
 // Memlock is the kernel memory the tables account for.
 func (m TableMaps) Memlock() uint64 {
 	var n uint64
-	for _, x := range []*ebpf.Map{m.V4Present, m.V4Rank, m.V4Tbl24, m.V4Bitmaps, m.V4Tbl8s, m.V4Classes, m.V6Prefixes, m.OverlayV4, m.OverlayV6} {
+	for _, x := range []*ebpf.Map{m.V4Dir, m.V4Entries, m.V4Bitmaps, m.V4Tbl8s, m.V6Dir, m.V6Nodes, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
 		n += Memlock(x)
 	}
 	return n
@@ -103,26 +89,6 @@ func writeArray(m *ebpf.Map, data []byte) error {
 	}
 	_, err = mem.WriteAt(data, 0)
 	return err
-}
-
-// putAll writes keys and values with batch updates, falling back to one at
-// a time where the map type has no batch operation.
-func putAll[K any, V any](m *ebpf.Map, keys []K, vals []V) error {
-	const chunk = 1 << 16
-	for i := 0; i < len(keys); i += chunk {
-		j := min(i+chunk, len(keys))
-		if _, err := m.BatchUpdate(keys[i:j], vals[i:j], nil); err != nil {
-			if !errors.Is(err, ebpf.ErrNotSupported) {
-				return err
-			}
-			for k := i; k < j; k++ {
-				if err := m.Put(keys[k], vals[k]); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
 }
 
 // putOverlay writes overlay entries (an LPM trie: no batch updates).

@@ -21,11 +21,16 @@ type CheckReport struct {
 	Warnings      []policy.Error `json:"warnings"`
 }
 
-// ListReport is one list of a checked policy.
+// ListReport is one list of a checked policy: the entries read and what
+// they cover once merged.
 type ListReport struct {
-	Name    string `json:"name"`
-	Entries int    `json:"entries"`
-	Skipped int    `json:"skipped_lines"`
+	Name        string  `json:"name"`
+	Entries     int     `json:"entries"`
+	Skipped     int     `json:"skipped_lines"`
+	V4Ranges    int     `json:"ipv4_ranges"`
+	V4Addresses uint64  `json:"ipv4_addresses"`
+	V6Ranges    int     `json:"ipv6_ranges"`
+	V6Addresses float64 `json:"ipv6_addresses"`
 }
 
 // Check compiles a policy as Apply would and refuses what Apply would refuse
@@ -37,14 +42,16 @@ func Check(pol *policy.Policy) (*CheckReport, error) {
 		return nil, err
 	}
 	t := &img.Tables
-	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: len(t.V4Bitmaps) + len(t.V4Tbl8s), V6Prefixes: len(t.V6),
+	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: len(t.V4Bitmaps) + len(t.V4Tbl8s), V6Prefixes: t.V6Prefixes(),
 		TableBytes: t.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
 		Warnings: pol.Warnings, Lists: []ListReport{}}
 	for _, name := range pol.ListNames() {
 		l := pol.Lists[name]
 		r.Entries += l.Entries
 		r.SkippedLines += l.Skipped
-		r.Lists = append(r.Lists, ListReport{Name: name, Entries: l.Entries, Skipped: l.Skipped})
+		v4, v6 := l.Addresses()
+		r.Lists = append(r.Lists, ListReport{Name: name, Entries: l.Entries, Skipped: l.Skipped,
+			V4Ranges: len(l.V4), V4Addresses: v4, V6Ranges: len(l.V6), V6Addresses: v6})
 	}
 	if r.Warnings == nil {
 		r.Warnings = []policy.Error{}

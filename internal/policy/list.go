@@ -5,28 +5,25 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 )
 
 // Range4 is an inclusive range of IPv4 addresses as host-order integers.
 type Range4 struct{ Lo, Hi uint32 }
 
-// List is a named set of addresses. IPv4 is held as sorted, disjoint,
-// non-adjacent ranges (8 bytes each whatever the prefix mix, and the form the
-// compiler sweeps); IPv6 as masked, sorted, distinct prefixes.
+// List is a named set of addresses, each family as sorted, disjoint,
+// non-adjacent ranges: whatever the prefix mix, adjacent and nested entries
+// are merged, and ranges are the form the compiler sweeps.
 type List struct {
 	Name    string
 	Family  int // 0 (both), 4 or 6: entries of the other family are refused
 	V4      []Range4
-	V6      []netip.Prefix
+	V6      []Range6
 	Entries int // entries read, before merging
 	Skipped int // bad lines skipped under --lenient
 	// FirstSkipped locates and explains the first skipped line.
 	FirstSkipped string
 	Ops          []ListOp
-	v6           *PrefixSet // built on first use: only the reference model needs it
-	v6once       sync.Once
 }
 
 // ListOp is an in-place change to a live list (`rampart list add|del`). Ops
@@ -56,8 +53,21 @@ func (l *List) baseContains(addr netip.Addr) bool {
 		i := sort.Search(len(l.V4), func(i int) bool { return l.V4[i].Hi >= a })
 		return i < len(l.V4) && l.V4[i].Lo <= a
 	}
-	l.v6once.Do(func() { l.v6 = NewPrefixSet(l.V6) })
-	return l.v6.Contains(addr)
+	a := U128Of(addr)
+	i := sort.Search(len(l.V6), func(i int) bool { return l.V6[i].Hi.Cmp(a) >= 0 })
+	return i < len(l.V6) && l.V6[i].Lo.Cmp(a) <= 0
+}
+
+// Addresses counts the addresses a list covers, per family: IPv4 exactly,
+// IPv6 as a float (2^128 does not fit an integer).
+func (l *List) Addresses() (v4 uint64, v6 float64) {
+	for _, r := range l.V4 {
+		v4 += uint64(r.Hi-r.Lo) + 1
+	}
+	for _, r := range l.V6 {
+		v6 += float64(r.Hi.Hi-r.Lo.Hi)*0x1p64 + float64(r.Hi.Lo) - float64(r.Lo.Lo) + 1
+	}
+	return v4, v6
 }
 
 // V4ToUint is an IPv4 address as a host-order integer.
@@ -80,7 +90,7 @@ func PrefixRange4(p netip.Prefix) Range4 {
 // listBuilder collects entries from files and inline prefixes.
 type listBuilder struct {
 	v4        []Range4
-	v6        []netip.Prefix
+	v6        []Range6
 	entries   int
 	skipped   int
 	firstSkip string
@@ -91,7 +101,7 @@ func (b *listBuilder) addPrefix(p netip.Prefix) {
 	if p.Addr().Is4() {
 		b.v4 = append(b.v4, PrefixRange4(p))
 	} else {
-		b.v6 = append(b.v6, p.Masked())
+		b.v6 = append(b.v6, PrefixRange6(p))
 	}
 }
 
@@ -101,11 +111,10 @@ func (b *listBuilder) build(name string, family int) *List {
 	return l
 }
 
-// BuildList makes a list of IPv4 ranges and IPv6 prefixes (masked), which it
-// sorts and merges in place.
-func BuildList(name string, v4 []Range4, v6 []netip.Prefix) *List {
-	slices.SortFunc(v6, ComparePrefix)
-	return &List{Name: name, V4: MergeRanges4(v4), V6: slices.Compact(v6), Entries: len(v4) + len(v6)}
+// BuildList makes a list of ranges, which it sorts and merges in place.
+func BuildList(name string, v4 []Range4, v6 []Range6) *List {
+	n := len(v4) + len(v6)
+	return &List{Name: name, V4: MergeRanges4(v4), V6: MergeRanges6(v6), Entries: n}
 }
 
 // NewList builds a list from prefixes; tests and inline prefixes use it.

@@ -75,8 +75,9 @@ func TestIPv6Forms(t *testing.T) {
 			t.Errorf("%s not in the list", a)
 		}
 	}
-	if len(l.V4) != 0 || len(l.V6) != 6 {
-		t.Errorf("v4 %v v6 %v", l.V4, l.V6)
+	// Six entries; 2001:db8::1 to ::4 are adjacent and merge into one range.
+	if len(l.V4) != 0 || len(l.V6) != 3 || l.Entries != 6 {
+		t.Errorf("v4 %v v6 %v entries %d", l.V4, l.V6, l.Entries)
 	}
 }
 
@@ -250,6 +251,11 @@ func fuzzList(t *testing.T, data []byte) {
 				t.Fatalf("ranges out of order: %v", l.V4)
 			}
 		}
+		for i := 1; i < len(l.V6); i++ {
+			if l.V6[i].Lo.Cmp(l.V6[i-1].Hi.Add1()) <= 0 {
+				t.Fatalf("IPv6 ranges out of order or not merged: %v", l.V6)
+			}
+		}
 		for _, line := range strings.Split(string(data), "\n") {
 			var one listBuilder
 			if one.parseLine([]byte(line), 0) != nil {
@@ -260,9 +266,9 @@ func fuzzList(t *testing.T, data []byte) {
 					t.Fatalf("line %q: %v not in the list", line, r)
 				}
 			}
-			for _, q := range one.v6 {
-				if !l.Contains(q.Addr()) {
-					t.Fatalf("line %q: %v not in the list", line, q)
+			for _, r := range one.v6 {
+				if !l.Contains(r.Lo.Addr()) || !l.Contains(r.Hi.Addr()) {
+					t.Fatalf("line %q: %v not in the list", line, r)
 				}
 			}
 		}

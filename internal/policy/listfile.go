@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net/netip"
 	"os"
 	"syscall"
@@ -212,43 +211,28 @@ func (b *listBuilder) parseRange(los, his []byte, family int) error {
 	if err := checkFamily(lo, los, family); err != nil {
 		return err
 	}
-	if lo.Is4() {
-		b.entries++
-		b.v4 = append(b.v4, Range4{V4ToUint(lo), V4ToUint(hi)})
-		return nil
-	}
 	b.entries++
-	b.v6 = append(b.v6, RangePrefixes(lo, hi)...)
+	if lo.Is4() {
+		b.v4 = append(b.v4, Range4{V4ToUint(lo), V4ToUint(hi)})
+	} else {
+		b.v6 = append(b.v6, Range6{U128Of(lo), U128Of(hi)})
+	}
 	return nil
 }
 
 // RangePrefixes splits an inclusive address range into the fewest prefixes
 // that cover exactly it.
 func RangePrefixes(lo, hi netip.Addr) []netip.Prefix {
-	bits := lo.BitLen()
-	a, end := new(big.Int).SetBytes(lo.AsSlice()), new(big.Int).SetBytes(hi.AsSlice())
-	one := big.NewInt(1)
 	var out []netip.Prefix
-	for a.Cmp(end) <= 0 {
-		// The largest block that starts at a (alignment) and ends by end.
-		size := bits
-		if a.Sign() != 0 {
-			size = int(a.TrailingZeroBits())
-		}
-		size = min(size, bits)
-		for size > 0 {
-			last := new(big.Int).Add(a, new(big.Int).Sub(new(big.Int).Lsh(one, uint(size)), one))
-			if last.Cmp(end) <= 0 {
-				break
-			}
-			size--
-		}
-		buf := make([]byte, bits/8)
-		a.FillBytes(buf)
-		addr, _ := netip.AddrFromSlice(buf)
-		out = append(out, netip.PrefixFrom(addr, bits-size))
-		a.Add(a, new(big.Int).Lsh(one, uint(size)))
+	if lo.Is4() {
+		Cover(U128{0, uint64(V4ToUint(lo))}, U128{0, uint64(V4ToUint(hi))}, 32, func(first U128, length int) {
+			out = append(out, netip.PrefixFrom(UintToV4(uint32(first.Lo)), length))
+		})
+		return out
 	}
+	Cover(U128Of(lo), U128Of(hi), 128, func(first U128, length int) {
+		out = append(out, netip.PrefixFrom(first.Addr(), length))
+	})
 	return out
 }
 
@@ -307,9 +291,12 @@ func ParseEntry(s string) ([]netip.Prefix, error) {
 	if err := b.parseEntry([]byte(s), 0); err != nil {
 		return nil, err
 	}
-	out := b.v6
+	var out []netip.Prefix
 	for _, r := range b.v4 {
 		out = append(out, RangePrefixes(UintToV4(r.Lo), UintToV4(r.Hi))...)
+	}
+	for _, r := range b.v6 {
+		out = append(out, RangePrefixes(r.Lo.Addr(), r.Hi.Addr())...)
 	}
 	return out, nil
 }

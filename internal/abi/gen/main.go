@@ -29,10 +29,14 @@ var structs = []struct{ c, goName string }{
 	{"overlay", "Overlay"},
 	{"v4_bitmap", "V4Bitmap"},
 	{"v4_tbl8", "V4Tbl8"},
+	{"dir_node", "DirNode"},
+	{"v6_node", "V6Node"},
+	{"v6_slot", "V6Slot"},
+	{"v6_long_slot", "V6LongSlot"},
 }
 
 // The enums whose values become untyped constants.
-var enums = []string{"limits", "slot", "action", "match_field", "v4_table"}
+var enums = []string{"limits", "slot", "action", "match_field", "v4_entry", "v6_table"}
 
 func main() {
 	out := flag.String("o", "abi_gen.go", "output file")
@@ -95,7 +99,7 @@ func camel(s string) string {
 }
 
 // initialisms keep their case in constant names, as Go's style has it.
-var initialisms = map[string]string{"IP": "IP", "IPV4": "IPv4", "IPV6": "IPv6", "TCP": "TCP", "UDP": "UDP", "L4": "L4", "V4": "V4", "V6": "V6", "TBL8": "Tbl8", "VLAN": "VLAN"}
+var initialisms = map[string]string{"IP": "IP", "IPV4": "IPv4", "IPV6": "IPv6", "TCP": "TCP", "UDP": "UDP", "L4": "L4", "V4": "V4", "V6": "V6", "TBL8": "Tbl8", "VLAN": "VLAN", "V4E": "V4E"}
 
 // constName turns an enumerator into a Go constant: SLOT_NON_IP → SlotNonIP.
 func constName(s string) string {
