@@ -18,6 +18,7 @@ const (
 	benchBenchStructureBENCH_BASELINE   benchBenchStructure = 0
 	benchBenchStructureBENCH_KERNEL_LPM benchBenchStructure = 1
 	benchBenchStructureBENCH_RAMPART    benchBenchStructure = 2
+	benchBenchStructureBENCH_ONE_READ   benchBenchStructure = 3
 )
 
 // Names of all BPF objects in the ELF.
@@ -28,9 +29,11 @@ const (
 	benchMapHits           = "hits"
 	benchMapKernelLpmV4    = "kernel_lpm_v4"
 	benchMapKernelLpmV6    = "kernel_lpm_v6"
+	benchMapOneRead        = "one_read"
 	benchMapOverlayEntries = "overlay_entries"
 	benchMapOverlayV4      = "overlay_v4"
 	benchMapOverlayV6      = "overlay_v6"
+	benchMapSources        = "sources"
 	benchMapV4Bitmaps      = "v4_bitmaps"
 	benchMapV4Dir          = "v4_dir"
 	benchMapV4Entries      = "v4_entries"
@@ -43,8 +46,10 @@ const (
 	benchProgBenchLookup   = "bench_lookup"
 	benchProgBenchParse    = "bench_parse"
 	benchVarFamily         = "family"
+	benchVarNextSource     = "next_source"
+	benchVarOneReadWords   = "one_read_words"
+	benchVarSourceMask     = "source_mask"
 	benchVarStructure      = "structure"
-	benchVarV6BaseAddr     = "v6_base_addr"
 	benchVarV6LongBits     = "v6_long_bits"
 	benchVarV6Seed         = "v6_seed"
 	benchVarV6ShortBits    = "v6_short_bits"
@@ -105,9 +110,11 @@ type benchMapSpecs struct {
 	Hits           *ebpf.MapSpec `ebpf:"hits"`
 	KernelLpmV4    *ebpf.MapSpec `ebpf:"kernel_lpm_v4"`
 	KernelLpmV6    *ebpf.MapSpec `ebpf:"kernel_lpm_v6"`
+	OneRead        *ebpf.MapSpec `ebpf:"one_read"`
 	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
+	Sources        *ebpf.MapSpec `ebpf:"sources"`
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Dir          *ebpf.MapSpec `ebpf:"v4_dir"`
 	V4Entries      *ebpf.MapSpec `ebpf:"v4_entries"`
@@ -122,12 +129,14 @@ type benchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchVariableSpecs struct {
-	Family      *ebpf.VariableSpec `ebpf:"family"`
-	Structure   *ebpf.VariableSpec `ebpf:"structure"`
-	V6BaseAddr  *ebpf.VariableSpec `ebpf:"v6_base_addr"`
-	V6LongBits  *ebpf.VariableSpec `ebpf:"v6_long_bits"`
-	V6Seed      *ebpf.VariableSpec `ebpf:"v6_seed"`
-	V6ShortBits *ebpf.VariableSpec `ebpf:"v6_short_bits"`
+	Family       *ebpf.VariableSpec `ebpf:"family"`
+	NextSource   *ebpf.VariableSpec `ebpf:"next_source"`
+	OneReadWords *ebpf.VariableSpec `ebpf:"one_read_words"`
+	SourceMask   *ebpf.VariableSpec `ebpf:"source_mask"`
+	Structure    *ebpf.VariableSpec `ebpf:"structure"`
+	V6LongBits   *ebpf.VariableSpec `ebpf:"v6_long_bits"`
+	V6Seed       *ebpf.VariableSpec `ebpf:"v6_seed"`
+	V6ShortBits  *ebpf.VariableSpec `ebpf:"v6_short_bits"`
 }
 
 // benchObjects contains all objects after they have been loaded into the kernel.
@@ -154,9 +163,11 @@ type benchMaps struct {
 	Hits           *ebpf.Map `ebpf:"hits"`
 	KernelLpmV4    *ebpf.Map `ebpf:"kernel_lpm_v4"`
 	KernelLpmV6    *ebpf.Map `ebpf:"kernel_lpm_v6"`
+	OneRead        *ebpf.Map `ebpf:"one_read"`
 	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
+	Sources        *ebpf.Map `ebpf:"sources"`
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Dir          *ebpf.Map `ebpf:"v4_dir"`
 	V4Entries      *ebpf.Map `ebpf:"v4_entries"`
@@ -173,9 +184,11 @@ func (m *benchMaps) Close() error {
 		m.Hits,
 		m.KernelLpmV4,
 		m.KernelLpmV6,
+		m.OneRead,
 		m.OverlayEntries,
 		m.OverlayV4,
 		m.OverlayV6,
+		m.Sources,
 		m.V4Bitmaps,
 		m.V4Dir,
 		m.V4Entries,
@@ -191,12 +204,14 @@ func (m *benchMaps) Close() error {
 //
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchVariables struct {
-	Family      *ebpf.Variable `ebpf:"family"`
-	Structure   *ebpf.Variable `ebpf:"structure"`
-	V6BaseAddr  *ebpf.Variable `ebpf:"v6_base_addr"`
-	V6LongBits  *ebpf.Variable `ebpf:"v6_long_bits"`
-	V6Seed      *ebpf.Variable `ebpf:"v6_seed"`
-	V6ShortBits *ebpf.Variable `ebpf:"v6_short_bits"`
+	Family       *ebpf.Variable `ebpf:"family"`
+	NextSource   *ebpf.Variable `ebpf:"next_source"`
+	OneReadWords *ebpf.Variable `ebpf:"one_read_words"`
+	SourceMask   *ebpf.Variable `ebpf:"source_mask"`
+	Structure    *ebpf.Variable `ebpf:"structure"`
+	V6LongBits   *ebpf.Variable `ebpf:"v6_long_bits"`
+	V6Seed       *ebpf.Variable `ebpf:"v6_seed"`
+	V6ShortBits  *ebpf.Variable `ebpf:"v6_short_bits"`
 }
 
 // benchPrograms contains all programs after they have been loaded into the kernel.

@@ -25,14 +25,23 @@ const (
 	XDPDrop   = "xdp-drop"
 	Parse     = "parse"
 	Baseline  = "baseline"
+	OneRead   = "one-read" // one dependent random read from an array of rampart's table bytes
 	KernelLPM = "kernel-lpm"
 	Rampart   = "rampart"
 )
 
-// Mixes of prefix lengths.
+// Mixes of prefix lengths. IPv6 draws them in 2000::/3 with the lengths in
+// brackets.
 const (
-	MixEgress   = "egress"   // the egress study's: /24 10%, /16 1%, the rest /32
-	MixRandom32 = "random32" // all host prefixes
+	MixEgress   = "egress"   // the egress study's: /24 10% [/64], /16 1% [/48], the rest /32 [/128]
+	MixRandom32 = "random32" // all host prefixes, /32 [/128]
+	MixNetworks = "networks" // reputation lists of networks: /16–/24 [/19–/64] and 15% hosts
+)
+
+// Traffic kinds: where the sources come from.
+const (
+	TrafficUniform = "uniform" // random addresses (IPv6: in 2000::/3): mostly misses
+	TrafficListed  = "listed"  // addresses inside the listed prefixes: a flood from listed sources
 )
 
 // Options choose what to measure.
@@ -40,6 +49,7 @@ type Options struct {
 	Families []int
 	Mixes    []string
 	Sizes    []int
+	Traffic  []string
 	Repeat   int // packets per run (BPF_PROG_TEST_RUN repeat)
 	Runs     int // runs per measurement; the median is reported
 	// NoKernelLPM leaves the kernel's trie out: past ~89M prefixes it cannot
@@ -49,19 +59,27 @@ type Options struct {
 	Progress func(msg string)
 }
 
-// Result is one row: one structure at one list size.
+// Result is one row: one structure at one list size under one traffic.
 type Result struct {
 	Structure   string  `json:"structure"`
 	Family      int     `json:"family"`
 	Mix         string  `json:"mix"`
 	Size        int     `json:"size"`
+	Traffic     string  `json:"traffic"`
 	NsPerPacket float64 `json:"ns_per_packet"` // median over runs
 	NsMin       float64 `json:"ns_min"`
 	NsMax       float64 `json:"ns_max"`
-	// VsBaseline is ns_per_packet over the baseline's in the same run.
+	// VsBaseline is ns_per_packet over the baseline's in the same run, and
+	// VsOneRead over the one-read row's.
 	VsBaseline float64 `json:"vs_baseline"`
-	// HitRate is the share of random sources found in the list (lookups only).
+	VsOneRead  float64 `json:"vs_one_read"`
+	// HitRate is the share of sources found in the list (lookups only).
 	HitRate *float64 `json:"hit_rate,omitempty"`
+	// Reads and Pages are the mean dependent memory reads and distinct
+	// 4 KiB pages a lookup touches, where they can be counted (rampart's
+	// from compile.Tables.Lookup over the run's sources).
+	Reads *float64 `json:"reads_per_lookup,omitempty"`
+	Pages *float64 `json:"pages_per_lookup,omitempty"`
 	// LoadSeconds is the time from prefixes in memory to a loaded, filled map
 	// (lookups only); BytesPerPrefix the kernel memory (memlock) per prefix.
 	LoadSeconds    *float64 `json:"load_seconds"`
@@ -70,11 +88,10 @@ type Result struct {
 	Error          string   `json:"error,omitempty"`
 }
 
-// The IPv6 sources and prefixes live in 2001:db8::/96, so that random /128s
-// hit as often as random /32s do in IPv4.
-var v6Base = netip.MustParseAddr("2001:db8::").As16()
+// sourceCount is the number of sources a run cycles through: a power of two.
+const sourceCount = 1 << 18
 
-// Lookup runs every structure for every family, mix and size.
+// Lookup runs every structure for every family, mix, size and traffic.
 func Lookup(o Options) ([]Result, error) {
 	var out []Result
 	for _, fam := range o.Families {
@@ -91,11 +108,11 @@ func Lookup(o Options) ([]Result, error) {
 	return out, nil
 }
 
-// A subject is one program to measure and the row it fills.
+// A subject is one program to measure.
 type subject struct {
-	prog *ebpf.Program
-	hits *ebpf.Map // nil: no hit rate
-	row  *Result
+	structure string
+	prog      *ebpf.Program
+	hits      *ebpf.Map // nil: no hit rate
 }
 
 func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
@@ -104,75 +121,147 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 			o.Progress(fmt.Sprintf("IPv%d %s %d: ", fam, mix, size) + fmt.Sprintf(format, args...))
 		}
 	}
-	rows := make([]Result, 5)
-	for i, s := range []string{XDPDrop, Parse, Baseline, KernelLPM, Rampart} {
-		rows[i] = Result{Structure: s, Family: fam, Mix: mix, Size: size}
-	}
+	structures := []string{XDPDrop, Parse, Baseline, OneRead, KernelLPM, Rampart}
+	failed := map[string]string{}
+	loaded := map[string]*Result{} // load time and memory, per structure
 
-	// The steps before any lookup, loaded with empty tables.
-	steps, err := load(fam, benchBenchStructureBENCH_BASELINE, &compile.Tables{}, 0)
+	// The steps before any lookup; their sources map is every program's.
+	steps, err := load(fam, benchBenchStructureBENCH_BASELINE, &compile.Tables{}, 0, 1, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer steps.Close()
-	subjects := []subject{{steps.BenchDrop, nil, &rows[0]}, {steps.BenchParse, nil, &rows[1]}, {steps.BenchLookup, nil, &rows[2]}}
+	subjects := []subject{{XDPDrop, steps.BenchDrop, nil}, {Parse, steps.BenchParse, nil}, {Baseline, steps.BenchLookup, nil}}
 
 	say("generating %d prefixes", size)
 	prefixes := generate(fam, mix, size)
+	say("building rampart's tables")
+	tables, rt, r := rampart(fam, prefixes, steps.Sources)
+	loaded[Rampart] = &r
+	if rt != nil {
+		defer rt.Close()
+		one, err := load(fam, benchBenchStructureBENCH_ONE_READ, &compile.Tables{}, 0, max(1, tables.KernelBytes()/4), steps.Sources)
+		if err != nil {
+			failed[OneRead] = err.Error()
+		} else {
+			defer one.Close()
+			subjects = append(subjects, subject{OneRead, one.BenchLookup, nil})
+		}
+		subjects = append(subjects, subject{Rampart, rt.BenchLookup, rt.Hits})
+	} else {
+		failed[OneRead], failed[Rampart] = "rampart's tables did not load", r.Error
+	}
 	say("loading the kernel LPM trie")
 	if o.NoKernelLPM {
-		rows[3].Error = "not measured (--no-kernel-lpm)"
-	} else if lpm := kernelLPM(fam, prefixes, &rows[3]); lpm != nil {
-		defer lpm.Close()
-		subjects = append(subjects, subject{lpm.BenchLookup, lpm.Hits, &rows[3]})
+		failed[KernelLPM] = "not measured (--no-kernel-lpm)"
+	} else {
+		lpm, r := kernelLPM(fam, prefixes, steps.Sources)
+		loaded[KernelLPM] = &r
+		if lpm != nil {
+			defer lpm.Close()
+			subjects = append(subjects, subject{KernelLPM, lpm.BenchLookup, lpm.Hits})
+		} else {
+			failed[KernelLPM] = r.Error
+		}
 	}
-	say("building rampart's tables")
-	if rt := rampart(fam, prefixes, &rows[4]); rt != nil {
-		defer rt.Close()
-		subjects = append(subjects, subject{rt.BenchLookup, rt.Hits, &rows[4]})
-	}
-	prefixes = nil
 
-	// Runs interleave the subjects, so that noise from a shared machine
-	// falls on all of them alike.
-	frame := udpFrame(fam)
+	var out []Result
+	for _, traffic := range o.Traffic {
+		srcs := sources(fam, traffic, prefixes)
+		if err := writeSources(steps.Sources, srcs); err != nil {
+			return nil, err
+		}
+		rows := map[string]*Result{}
+		for _, s := range structures {
+			r := Result{Structure: s, Family: fam, Mix: mix, Size: size, Traffic: traffic, Error: failed[s]}
+			if l := loaded[s]; l != nil {
+				r.LoadSeconds, r.BytesPerPrefix, r.KernelBytes = l.LoadSeconds, l.BytesPerPrefix, l.KernelBytes
+			}
+			rows[s] = &r
+		}
+		rows[OneRead].Reads, rows[OneRead].Pages = ptr(1), ptr(1)
+		if rt != nil {
+			rows[Rampart].Reads, rows[Rampart].Pages = readsAndPages(&tables, srcs)
+		}
+		if err := measure(o, udpFrame(fam), subjects, rows, func(run int) { say("%s traffic, run %d of %d", traffic, run+1, o.Runs) }); err != nil {
+			return nil, err
+		}
+		for _, s := range structures {
+			out = append(out, *rows[s])
+		}
+	}
+	return out, nil
+}
+
+// measure runs every subject o.Runs times, interleaved so that noise from
+// a shared machine falls on all of them alike, and fills their rows.
+func measure(o Options, frame []byte, subjects []subject, rows map[string]*Result, progress func(run int)) error {
 	ns := make([][]float64, len(subjects))
 	before := make([]uint64, len(subjects))
 	for i, s := range subjects {
 		before[i] = sumHits(s.hits)
 	}
 	for run := 0; run < o.Runs; run++ {
-		say("run %d of %d", run+1, o.Runs)
+		progress(run)
 		for i, s := range subjects {
 			ret, d, err := s.prog.Benchmark(frame, o.Repeat, nil)
 			if err == nil && ret != 1 { // XDP_DROP: the frame parsed and was not passed
 				err = fmt.Errorf("program returned %d, not XDP_DROP", ret)
 			}
 			if err != nil {
-				return nil, fmt.Errorf("%s: %w", s.row.Structure, err)
+				return fmt.Errorf("%s: %w", s.structure, err)
 			}
 			ns[i] = append(ns[i], float64(d.Nanoseconds()))
 		}
 	}
 	for i, s := range subjects {
+		r := rows[s.structure]
 		slices.Sort(ns[i])
-		s.row.NsPerPacket, s.row.NsMin, s.row.NsMax = ns[i][len(ns[i])/2], ns[i][0], ns[i][len(ns[i])-1]
+		r.NsPerPacket, r.NsMin, r.NsMax = ns[i][len(ns[i])/2], ns[i][0], ns[i][len(ns[i])-1]
 		if s.hits != nil {
-			s.row.HitRate = ptr(float64(sumHits(s.hits)-before[i]) / float64(o.Runs*o.Repeat))
+			r.HitRate = ptr(float64(sumHits(s.hits)-before[i]) / float64(o.Runs*o.Repeat))
 		}
 	}
-	base := rows[2].NsPerPacket
-	for i := range rows {
-		if base > 0 && rows[i].NsPerPacket > 0 {
-			rows[i].VsBaseline = rows[i].NsPerPacket / base
+	base, one := rows[Baseline].NsPerPacket, rows[OneRead].NsPerPacket
+	for _, r := range rows {
+		if r.NsPerPacket > 0 && base > 0 {
+			r.VsBaseline = r.NsPerPacket / base
+		}
+		if r.NsPerPacket > 0 && one > 0 {
+			r.VsOneRead = r.NsPerPacket / one
 		}
 	}
-	return rows, nil
+	return nil
 }
 
-// load loads bench.c for a family and a structure over rampart's tables t
-// (and a kernel LPM trie of lpmEntries).
-func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries int) (*benchObjects, error) {
+// readsAndPages walks the tables for the sources as the kernel does and
+// averages the reads and the distinct pages per lookup.
+func readsAndPages(t *compile.Tables, srcs []netip.Addr) (*float64, *float64) {
+	var reads []compile.Read
+	type page struct {
+		table string
+		n     uint64
+	}
+	pages := map[page]bool{}
+	var nReads, nPages int
+	for _, a := range srcs {
+		reads = reads[:0]
+		t.Lookup(a, &reads)
+		clear(pages)
+		for _, r := range reads {
+			pages[page{r.Table, r.Offset >> 12}] = true
+		}
+		nReads += len(reads)
+		nPages += len(pages)
+	}
+	n := float64(max(1, len(srcs)))
+	return ptr(float64(nReads) / n), ptr(float64(nPages) / n)
+}
+
+// load loads bench.c for a family and a structure over rampart's tables t,
+// a kernel LPM trie of lpmEntries and a one-read array of oneReadWords,
+// sharing shared as its sources when not nil.
+func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries int, oneReadWords uint64, shared *ebpf.Map) (*benchObjects, error) {
 	spec, err := loadBench()
 	if err != nil {
 		return nil, err
@@ -181,11 +270,14 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 	if err := spec.Assign(&specs); err != nil {
 		return nil, err
 	}
+	if oneReadWords > 1<<31 {
+		return nil, fmt.Errorf("one-read array of %d words: too big", oneReadWords)
+	}
 	v, m := &specs.benchVariableSpecs, &specs.benchMapSpecs
 	for _, set := range []struct {
 		spec  *ebpf.VariableSpec
 		value any
-	}{{v.Family, uint8(fam)}, {v.Structure, structure}, {v.V6BaseAddr, v6Base}} {
+	}{{v.Family, uint8(fam)}, {v.Structure, structure}, {v.SourceMask, uint32(sourceCount - 1)}, {v.OneReadWords, uint32(oneReadWords)}} {
 		if err := set.spec.Set(set.value); err != nil {
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
 		}
@@ -196,11 +288,16 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 		return nil, err
 	}
 	m.KernelLpmV4.MaxEntries, m.KernelLpmV6.MaxEntries = uint32(max(1, lpmEntries)), uint32(max(1, lpmEntries))
-	if err := datapath.CheckMemory(t.KernelBytes()); err != nil {
+	m.OneRead.MaxEntries, m.Sources.MaxEntries = uint32(oneReadWords), sourceCount
+	if err := datapath.CheckMemory(t.KernelBytes() + 4*oneReadWords); err != nil {
 		return nil, err
 	}
+	opts := &ebpf.CollectionOptions{}
+	if shared != nil {
+		opts.MapReplacements = map[string]*ebpf.Map{"sources": shared}
+	}
 	var objs benchObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		return nil, err
 	}
 	if err := tableMaps(&objs).Fill(t); err != nil {
@@ -216,11 +313,12 @@ func tableMaps(o *benchObjects) datapath.TableMaps {
 }
 
 // kernelLPM loads the benchmark over the kernel's LPM trie holding
-// prefixes, recording load time and memory in r; nil when it failed (the
-// error is in r).
-func kernelLPM(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
+// prefixes, with its load time and memory; nil objects when it failed (the
+// error is in the result).
+func kernelLPM(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (*benchObjects, Result) {
+	var r Result
 	start := time.Now()
-	objs, err := load(fam, benchBenchStructureBENCH_KERNEL_LPM, &compile.Tables{}, len(prefixes))
+	objs, err := load(fam, benchBenchStructureBENCH_KERNEL_LPM, &compile.Tables{}, len(prefixes), 1, sources)
 	if err == nil {
 		m := objs.KernelLpmV4
 		if fam == 6 {
@@ -230,12 +328,12 @@ func kernelLPM(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
 			r.LoadSeconds = ptr(time.Since(start).Seconds())
 			r.KernelBytes = datapath.Memlock(m)
 			r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
-			return objs
+			return objs, r
 		}
 		objs.Close()
 	}
 	r.Error = err.Error()
-	return nil
+	return nil, r
 }
 
 // fillLPM writes the prefixes into the kernel's LPM trie, one update each:
@@ -255,9 +353,11 @@ func fillLPM(m *ebpf.Map, fam int, prefixes []netip.Prefix) error {
 	return nil
 }
 
-// rampart loads the benchmark over rampart's tables holding prefixes, timed
-// from the prefixes in memory to filled maps; nil when it failed.
-func rampart(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
+// rampart builds rampart's tables holding prefixes and loads the benchmark
+// over them, timed from the prefixes in memory to filled maps; nil objects
+// when it failed (the error is in the result).
+func rampart(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (compile.Tables, *benchObjects, Result) {
+	var r Result
 	start := time.Now()
 	var v4 []policy.Range4
 	var v6 []policy.Range6
@@ -274,15 +374,15 @@ func rampart(fam int, prefixes []netip.Prefix, r *Result) *benchObjects {
 	}
 	list := policy.BuildList("bench", v4, v6)
 	tables := compile.BuildTables([]*policy.List{list}, []uint64{1})
-	objs, err := load(fam, benchBenchStructureBENCH_RAMPART, &tables, 0)
+	objs, err := load(fam, benchBenchStructureBENCH_RAMPART, &tables, 0, 1, sources)
 	if err != nil {
 		r.Error = err.Error()
-		return nil
+		return tables, nil, r
 	}
 	r.LoadSeconds = ptr(time.Since(start).Seconds())
 	r.KernelBytes = tableMaps(objs).Memlock()
 	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
-	return objs
+	return tables, objs, r
 }
 
 // sumHits is the hit count of a rampart or kernel-LPM run; a baseline run
@@ -297,40 +397,104 @@ func sumHits(m *ebpf.Map) uint64 {
 
 func ptr(f float64) *float64 { return &f }
 
-// generate draws size prefixes of the mix, deterministically.
+// lengths returns a mix's prefix length for the i-th prefix of a family.
+func lengths(fam int, mix string, i int, rng *rand.Rand) int {
+	host := 32
+	if fam == 6 {
+		host = 128
+	}
+	switch mix {
+	case MixEgress:
+		switch {
+		case i%100 == 0:
+			return map[int]int{4: 16, 6: 48}[fam]
+		case i%10 == 1:
+			return map[int]int{4: 24, 6: 64}[fam]
+		}
+	case MixNetworks:
+		if rng.IntN(100) < 15 {
+			return host
+		}
+		if fam == 4 {
+			return []int{16, 18, 19, 20, 21, 22, 22, 23, 24, 24, 24, 24}[rng.IntN(12)]
+		}
+		if rng.IntN(10000) == 0 {
+			return 19
+		}
+		return []int{29, 32, 32, 32, 36, 40, 44, 48, 48, 48, 56, 64, 64}[rng.IntN(13)]
+	}
+	return host
+}
+
+// generate draws size prefixes of the mix, deterministically: IPv4 anywhere,
+// IPv6 in 2000::/3.
 func generate(fam int, mix string, size int) []netip.Prefix {
 	rng := rand.New(rand.NewPCG(uint64(fam), uint64(size)))
 	out := make([]netip.Prefix, size)
 	for i := range out {
-		host := 32
-		if mix == MixEgress {
-			switch {
-			case i%100 == 0:
-				host = 16
-			case i%10 == 1:
-				host = 24
-			}
-		}
-		r := rng.Uint32()
-		if fam == 4 {
-			var b [4]byte
-			binary.BigEndian.PutUint32(b[:], r)
-			out[i] = netip.PrefixFrom(netip.AddrFrom4(b), host).Masked()
-		} else {
-			b := v6Base
-			binary.BigEndian.PutUint32(b[12:], r)
-			out[i] = netip.PrefixFrom(netip.AddrFrom16(b), 96+host).Masked()
-		}
+		out[i] = netip.PrefixFrom(randomAddr(fam, rng), lengths(fam, mix, i, rng)).Masked()
 	}
 	return out
 }
 
+func randomAddr(fam int, rng *rand.Rand) netip.Addr {
+	if fam == 4 {
+		var b [4]byte
+		binary.BigEndian.PutUint32(b[:], rng.Uint32())
+		return netip.AddrFrom4(b)
+	}
+	return policy.U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}.Addr()
+}
+
+// sources draws a run's source addresses: random ones, or ones inside
+// random listed prefixes.
+func sources(fam int, traffic string, prefixes []netip.Prefix) []netip.Addr {
+	rng := rand.New(rand.NewPCG(uint64(fam), 99))
+	out := make([]netip.Addr, sourceCount)
+	for i := range out {
+		out[i] = randomAddr(fam, rng)
+		if traffic != TrafficListed || len(prefixes) == 0 {
+			continue
+		}
+		// The prefix's bits, the random address's below them.
+		p := prefixes[rng.IntN(len(prefixes))]
+		if fam == 4 {
+			host := uint32(1)<<(32-p.Bits()) - 1
+			out[i] = policy.UintToV4(policy.V4ToUint(p.Addr()) | policy.V4ToUint(out[i])&host)
+			continue
+		}
+		a, r, host := policy.U128Of(p.Addr()), policy.U128Of(out[i]), policy.LowMask(128-p.Bits())
+		out[i] = policy.U128{Hi: a.Hi | r.Hi&host.Hi, Lo: a.Lo | r.Lo&host.Lo}.Addr()
+	}
+	return out
+}
+
+// writeSources fills the shared sources map (IPv4 in the first 4 bytes).
+func writeSources(m *ebpf.Map, srcs []netip.Addr) error {
+	buf := make([]byte, 16*len(srcs))
+	for i, a := range srcs {
+		if a.Is4() {
+			b := a.As4()
+			copy(buf[16*i:], b[:])
+		} else {
+			b := a.As16()
+			copy(buf[16*i:], b[:])
+		}
+	}
+	mem, err := m.Memory()
+	if err != nil {
+		return err
+	}
+	_, err = mem.WriteAt(buf, 0)
+	return err
+}
+
 // udpFrame is a minimal Ethernet + IP + UDP frame of the family, at least
-// the 60-byte minimum frame.
+// the 60-byte minimum frame; its source is replaced by the sources table's.
 func udpFrame(fam int) []byte {
 	f := packet.Frame{Src: netip.MustParseAddr("192.0.2.1"), Dst: netip.MustParseAddr("192.0.2.2"), Proto: 17, Sport: 12345, Dport: 53, Payload: 18}
 	if fam == 6 {
-		f.Src, f.Dst, f.Payload = netip.AddrFrom16(v6Base), netip.AddrFrom16(v6Base), 0
+		f.Src, f.Dst, f.Payload = netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2"), 0
 	}
 	return f.Bytes()
 }

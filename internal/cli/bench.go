@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -23,22 +24,31 @@ func benchLookupCmd(g *globals) *cobra.Command {
 	var (
 		sizes    string
 		mixes    string
+		traffic  string
 		families string
 		large    bool
 		o        = bench.Options{}
 	)
 	c := &cobra.Command{
-		Use:   "lookup [--sizes 10,1000000] [--mix egress|random32] [--family 4|6] [--large]",
+		Use:   "lookup [--sizes 10,1000000] [--mix egress|random32|networks] [--traffic uniform|listed] [--family 4|6] [--large]",
 		Short: "Per-packet cost of prefix-list lookups: rampart's tables against the kernel's LPM trie",
-		Long: `lookup runs, for every family, prefix mix and list size, one XDP program per
-step through BPF_PROG_TEST_RUN: a bare XDP_DROP, parsing, parsing plus a
-random source address per packet (the baseline every lookup pays), then a
-lookup of that address in the kernel's LPM trie and in rampart's tables.
-It reports the median ns per packet over the runs with min-max, the ratio
-to the baseline, the hit rate, the load time and kernel bytes per prefix.
+		Long: `lookup runs, for every family, prefix mix, list size and traffic, one XDP
+program per step through BPF_PROG_TEST_RUN: a bare XDP_DROP, parsing,
+parsing plus the next source address from a table (the baseline every
+lookup pays), then a lookup of that address: one dependent random read
+from an array as big as rampart's tables (one-read: the cost of a single
+miss at that footprint, the floor), the kernel's LPM trie, rampart's
+tables. It reports the median ns per packet over the runs with min-max,
+the ratios to the baseline and to one-read, the hit rate, the dependent
+reads and 4 KiB pages a lookup touches (rampart's, counted by walking its
+tables for the run's sources), the load time and kernel bytes per prefix.
 
-Mixes: egress (the egress study's: /24 10%, /16 1%, the rest /32) and
-random32 (all /32). IPv6 uses the same mixes shifted into 2001:db8::/96.`,
+Mixes: egress (the egress study's: /24 10%, /16 1%, the rest /32),
+random32 (all /32) and networks (reputation lists of networks: /16-/24
+and 15% hosts). IPv6 draws prefixes in 2000::/3 with /64, /48 and /128
+for the egress mix's /24, /16 and /32, and /19-/64 for networks.
+Traffic: uniform (random addresses; IPv6 in 2000::/3: mostly misses) and
+listed (addresses inside listed prefixes, as a flood from listed sources).`,
 		Example: "  rampart bench lookup --sizes 10,1000000 --mix random32 --family 4",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,11 +67,11 @@ random32 (all /32). IPv6 uses the same mixes shifted into 2001:db8::/96.`,
 					return fmt.Errorf("--family %d: use 4, 6 or 4,6", f)
 				}
 			}
-			for _, m := range strings.Split(mixes, ",") {
-				if m != bench.MixEgress && m != bench.MixRandom32 {
-					return fmt.Errorf("--mix %q: use egress, random32 or egress,random32", m)
-				}
-				o.Mixes = append(o.Mixes, m)
+			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks); err != nil {
+				return err
+			}
+			if o.Traffic, err = choices(traffic, "--traffic", bench.TrafficUniform, bench.TrafficListed); err != nil {
+				return err
 			}
 			if o.Repeat < 1 || o.Runs < 1 {
 				return fmt.Errorf("--repeat and --runs must be at least 1")
@@ -80,13 +90,14 @@ random32 (all /32). IPv6 uses the same mixes shifted into 2001:db8::/96.`,
 				return g.printJSON(map[string]any{"repeat": o.Repeat, "runs": o.Runs, "results": res})
 			}
 			g.table(lookupTable(res))
-			fmt.Fprintf(g.env.Stdout, "ns/pkt: median of %d runs of %d packets; x base: against parse + random source in the same run.\n", o.Runs, o.Repeat)
+			fmt.Fprintf(g.env.Stdout, "ns/pkt: median of %d runs of %d packets; x base, x 1-read: against the baseline and one-read rows of the same run.\n", o.Runs, o.Repeat)
 			return nil
 		},
 	}
 	f := c.Flags()
 	f.StringVar(&sizes, "sizes", "10,1000,100000,1000000,10000000", "list sizes, comma-separated")
-	f.StringVar(&mixes, "mix", "egress,random32", "prefix mixes: egress, random32")
+	f.StringVar(&mixes, "mix", "egress,random32", "prefix mixes: egress, random32, networks")
+	f.StringVar(&traffic, "traffic", "uniform,listed", "traffic: uniform, listed")
 	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
 	f.BoolVar(&large, "large", false, "add 50M and 100M prefixes (needs several GiB for the kernel LPM trie)")
 	f.IntVar(&o.Repeat, "repeat", 1_000_000, "packets per run")
@@ -107,8 +118,21 @@ func intList(s, flag string) ([]int, error) {
 	return out, nil
 }
 
+// choices splits a comma-separated flag value and checks every item.
+func choices(value, flag string, allowed ...string) ([]string, error) {
+	var out []string
+	for _, v := range strings.Split(value, ",") {
+		v = strings.TrimSpace(v)
+		if !slices.Contains(allowed, v) {
+			return nil, fmt.Errorf("%s %q: use one or more of %s, comma-separated", flag, v, strings.Join(allowed, ", "))
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
 func lookupTable(res []bench.Result) [][]string {
-	rows := [][]string{{"FAMILY", "MIX", "SIZE", "STRUCTURE", "NS/PKT", "MIN-MAX", "x BASE", "HITS", "LOAD", "BYTES/PREFIX"}}
+	rows := [][]string{{"FAMILY", "MIX", "SIZE", "TRAFFIC", "STRUCTURE", "NS/PKT", "MIN-MAX", "x BASE", "x 1-READ", "HITS", "READS", "PAGES", "LOAD", "BYTES/PREFIX"}}
 	opt := func(p *float64, format string, scale float64) string {
 		if p == nil {
 			return "-"
@@ -116,17 +140,20 @@ func lookupTable(res []bench.Result) [][]string {
 		return fmt.Sprintf(format, *p*scale)
 	}
 	for _, r := range res {
-		ns, mm, x := "-", "-", "-"
+		ns, mm, x, x1 := "-", "-", "-", "-"
 		switch {
 		case r.Error == "":
 			ns, mm, x = fmt.Sprintf("%.1f", r.NsPerPacket), fmt.Sprintf("%.1f-%.1f", r.NsMin, r.NsMax), fmt.Sprintf("%.2f", r.VsBaseline)
+			if r.VsOneRead > 0 {
+				x1 = fmt.Sprintf("%.2f", r.VsOneRead)
+			}
 		case strings.HasPrefix(r.Error, "not measured"):
 			ns = "not measured"
 		default:
 			ns = "failed: " + r.Error
 		}
-		rows = append(rows, []string{fmt.Sprintf("IPv%d", r.Family), r.Mix, strconv.Itoa(r.Size), r.Structure, ns, mm, x,
-			opt(r.HitRate, "%.2f%%", 100), opt(r.LoadSeconds, "%.3fs", 1), opt(r.BytesPerPrefix, "%.1f", 1)})
+		rows = append(rows, []string{fmt.Sprintf("IPv%d", r.Family), r.Mix, strconv.Itoa(r.Size), r.Traffic, r.Structure, ns, mm, x, x1,
+			opt(r.HitRate, "%.2f%%", 100), opt(r.Reads, "%.2f", 1), opt(r.Pages, "%.2f", 1), opt(r.LoadSeconds, "%.3fs", 1), opt(r.BytesPerPrefix, "%.1f", 1)})
 	}
 	return rows
 }

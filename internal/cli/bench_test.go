@@ -1,15 +1,15 @@
 package cli_test
 
 import (
-	"math"
 	"testing"
 
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
 // TestBenchLookup runs a short lookup benchmark and checks its JSON: every
-// structure for every family and size, costs and memory measured, and
-// rampart finding as many random sources in the list as the kernel's trie.
+// structure for every family, size and traffic, costs and memory measured,
+// rampart finding exactly the sources the kernel's trie finds, listed
+// traffic always in the list, and rampart's reads counted.
 func TestBenchLookup(t *testing.T) {
 	testutil.Privileged(t)
 	var out struct {
@@ -18,32 +18,46 @@ func TestBenchLookup(t *testing.T) {
 			Family         int      `json:"family"`
 			Mix            string   `json:"mix"`
 			Size           int      `json:"size"`
+			Traffic        string   `json:"traffic"`
 			NsPerPacket    float64  `json:"ns_per_packet"`
+			VsOneRead      float64  `json:"vs_one_read"`
 			HitRate        *float64 `json:"hit_rate"`
+			Reads          *float64 `json:"reads_per_lookup"`
+			Pages          *float64 `json:"pages_per_lookup"`
 			LoadSeconds    *float64 `json:"load_seconds"`
 			BytesPerPrefix *float64 `json:"bytes_per_prefix"`
 			Error          string   `json:"error"`
 		} `json:"results"`
 	}
-	jsonOf(t, &out, "bench", "lookup", "--sizes", "10,100000", "--mix", "egress", "--family", "4,6", "--repeat", "20000", "--runs", "5")
-	if len(out.Results) != 2*2*5 {
-		t.Fatalf("%d results, want 20", len(out.Results))
+	jsonOf(t, &out, "bench", "lookup", "--sizes", "10,100000", "--mix", "egress", "--family", "4,6", "--repeat", "20000", "--runs", "3")
+	if len(out.Results) != 2*2*2*6 {
+		t.Fatalf("%d results, want 48", len(out.Results))
 	}
-	hits := map[[2]int]map[string]float64{}
+	type key struct {
+		fam, size int
+		traffic   string
+	}
+	hits := map[key]map[string]float64{}
 	for _, r := range out.Results {
-		if r.Error != "" || r.NsPerPacket <= 0 || r.Mix != "egress" {
+		if r.Error != "" || r.NsPerPacket <= 0 || r.Mix != "egress" || r.VsOneRead <= 0 {
 			t.Errorf("bad row %+v", r)
 		}
 		switch r.Structure {
-		case "xdp-drop", "parse", "baseline":
+		case "xdp-drop", "parse", "baseline", "one-read":
 			if r.LoadSeconds != nil || r.HitRate != nil {
 				t.Errorf("%s row with load or hits: %+v", r.Structure, r)
+			}
+			if r.Structure == "one-read" && (r.Reads == nil || *r.Reads != 1) {
+				t.Errorf("one-read row without its one read: %+v", r)
 			}
 		case "kernel-lpm", "rampart":
 			if r.LoadSeconds == nil || r.BytesPerPrefix == nil || *r.BytesPerPrefix <= 0 || r.HitRate == nil {
 				t.Fatalf("%s row without load, memory or hits: %+v", r.Structure, r)
 			}
-			k := [2]int{r.Family, r.Size}
+			if r.Structure == "rampart" && (r.Reads == nil || *r.Reads < 1 || r.Pages == nil || *r.Pages < 1 || *r.Pages > *r.Reads) {
+				t.Errorf("rampart row without reads and pages: %+v", r)
+			}
+			k := key{r.Family, r.Size, r.Traffic}
 			if hits[k] == nil {
 				hits[k] = map[string]float64{}
 			}
@@ -53,9 +67,15 @@ func TestBenchLookup(t *testing.T) {
 		}
 	}
 	for k, h := range hits {
-		// 100k prefixes of the egress mix cover about 1.6% of the space.
-		if k[1] == 100000 && (h["rampart"] < 0.01 || math.Abs(h["rampart"]-h["kernel-lpm"]) > 0.3*h["kernel-lpm"]) {
-			t.Errorf("IPv%d, %d prefixes: hit rates rampart %.4f, kernel LPM %.4f", k[0], k[1], h["rampart"], h["kernel-lpm"])
+		switch {
+		case k.traffic == "listed" && (h["rampart"] != 1 || h["kernel-lpm"] != 1):
+			t.Errorf("%+v: listed sources not all found: %v", k, h)
+		// 100k IPv4 prefixes of the egress mix cover about 1.6% of the space.
+		case k.traffic == "uniform" && k.fam == 4 && k.size == 100000 && h["rampart"] < 0.01:
+			t.Errorf("%+v: hit rate %v", k, h)
+		// Both look the same sources up, as many times: the same hits.
+		case h["rampart"] != h["kernel-lpm"]:
+			t.Errorf("%+v: hit rates differ: %v", k, h)
 		}
 	}
 }
