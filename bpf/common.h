@@ -69,21 +69,26 @@ struct counter {
  * lookup per address answers for every list: the address's class, then the
  * class's mask of lists (classes[]).
  *
- * A directory says which /24 blocks (of the IPv4 space; of the top 24 bits
- * of IPv6) hold anything: one node per 64 blocks, with the count of present
- * blocks before it, so one read answers "anything here?" and "which entry?".
- * 16 bytes a node: 4 MiB for all 2^24 blocks, within the L2 TLB's reach. */
-struct dir_node {
-	__u64 bits; /* bit i: block 64*n+i is present */
-	__u64 rank; /* present blocks before this node's */
+ * Blocks are the /24s of IPv4 (and the top 24 bits of IPv6) that hold
+ * anything; IPv6 prefixes longer than /24 are keyed by length and address.
+ * Both sit in bucketized cuckoo hashes: a key is in one of two 64-byte
+ * buckets, both computed from a 32-bit digest of the key, so a lookup reads
+ * the two cache lines at once and waits for one miss, not a chain
+ * (bucket_index() in lists.h and Go's compile.bucketIndex must agree). An
+ * empty slot has key (blocks) or len (prefixes) 0. */
+enum cuckoo {
+	V4_BLOCK_SLOTS = 4, /* struct v4_block per bucket */
+	V6_BLOCK_SLOTS = 2, /* struct v6_block per bucket */
+	V6_SHORT_SLOTS = 4, /* struct v6_slot per bucket */
+	V6_LONG_SLOTS = 2,  /* struct v6_long_slot per bucket */
 };
 
-/* IPv4: one 64-bit entry per present block, in block order. Its top two
- * bits say what the rest is:
+/* IPv4: a block's entry. Its top two bits say what the rest is:
  *  CLASS   the whole block's class;
  *  INLINE  a block holding at most V4_INLINE addresses of one class on a
- *          base class: both classes and the addresses' last octets, so the
- *          common sparse block (a few listed hosts) needs no second read;
+ *          base class: both classes and the addresses' last octets (four
+ *          here, four more in the slot's octets), so the common sparse
+ *          block (a few listed hosts) needs no second read;
  *  BITMAP  two classes in any pattern: an index into v4_bitmaps;
  *  TBL8    any mix: an index into v4_tbl8s. */
 enum v4_entry {
@@ -92,11 +97,21 @@ enum v4_entry {
 	V4E_INLINE = 1,
 	V4E_BITMAP = 2,
 	V4E_TBL8 = 3,
-	V4_INLINE = 4,           /* last octets in an INLINE entry */
+	V4_INLINE = 8,             /* last octets of an INLINE block */
 	V4_INLINE_CLASS_BITS = 12, /* an INLINE entry's classes are below 4096 */
-	V4E_HIT_SHIFT = 12,       /* bits 0-11 base class, 12-23 hit class, */
-	V4E_OCTETS_SHIFT = 24,    /* 24-55 the octets (unused ones repeat the first) */
+	V4E_HIT_SHIFT = 12,        /* bits 0-11 base class, 12-23 hit class, */
+	V4E_OCTETS_SHIFT = 24,     /* 24-55 octets 0-3 (unused ones repeat the first) */
 	V4_BLOCKS = 1u << 24,
+};
+
+struct v4_block {
+	__u32 key;    /* block + 1; 0: empty */
+	__u32 octets; /* an INLINE block's octets 4-7 */
+	__u64 entry;
+};
+
+struct v4_bucket {
+	struct v4_block slot[V4_BLOCK_SLOTS];
 };
 
 /* A /24 block holding two classes: bit i set means address .i is in hit. */
@@ -111,17 +126,21 @@ struct v4_tbl8 {
 	__u16 cls[256];
 };
 
-/* IPv6: per present /24 block, the lengths of the prefixes below it and
- * the class of a block wholly inside one segment. The prefixes themselves
- * are in two open-addressing hash tables, keyed by (length, masked
- * address): lengths up to 64 by the top 64 bits, longer ones by all 128.
- * A lookup probes only the lengths present under its /24, longest first,
- * each in one cache line as a rule. */
-struct v6_node {
+/* IPv6: per block, the lengths of the prefixes below it and the class of
+ * the longest prefix up to /24 holding it. The prefixes themselves are in
+ * two hashes keyed by (length, masked address): lengths up to 64 by the top
+ * 64 bits, longer ones by all 128. A lookup probes only the lengths present
+ * under its block, longest first. */
+struct v6_block {
+	__u32 key;        /* block + 1; 0: empty */
+	__u32 base;       /* the class when no longer prefix holds the address */
 	__u64 short_lens; /* bit i: length 25+i (25 to 64) */
 	__u64 long_lens;  /* bit i: length 65+i (65 to 128) */
-	__u32 base;       /* the block's class when it is one segment */
-	__u32 pad;
+	__u64 pad;
+};
+
+struct v6_bucket {
+	struct v6_block slot[V6_BLOCK_SLOTS];
 };
 
 struct v6_slot {
@@ -138,10 +157,17 @@ struct v6_long_slot {
 	__u64 pad;
 };
 
+struct v6_short_bucket {
+	struct v6_slot slot[V6_SHORT_SLOTS];
+};
+
+struct v6_long_bucket {
+	struct v6_long_slot slot[V6_LONG_SLOTS];
+};
+
 enum v6_table {
 	V6_SHORT_MIN = 25,
 	V6_LONG_MIN = 65,
-	V6_MAX_PROBE = 8, /* the build keeps every key within this many slots */
 };
 
 /* In-place changes (rampart list add|del): the longest overlay prefix

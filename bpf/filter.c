@@ -15,8 +15,12 @@ volatile const __u8 unparsed_action = ACTION_DROP;
 /* For a malformed frame: the verdict every rule and the default agree on,
  * else unparsed_action (the compiler works it out). */
 volatile const __u8 malformed_action = ACTION_DROP;
-volatile const __u8 need_src_lookup = 0;
-volatile const __u8 need_dst_lookup = 0;
+/* Not const, so never dead code to the verifier: when it removes a whole
+ * bpf_loop callback as dead (the IPv6 walk's, with no lookups), kernels up
+ * to 6.18 at least can misplace the next subprog's start and fail the load
+ * ("verifier bug: No program to jit"). The branch costs one cached load. */
+volatile __u8 need_src_lookup = 0;
+volatile __u8 need_dst_lookup = 0;
 volatile const __u8 need_l4 = 0; /* some rule looks at the protocol, ports or flags */
 volatile const struct rule rules[MAX_RULES];
 
@@ -175,6 +179,7 @@ struct abi_enums {
 	enum match_field d;
 	enum v4_entry e;
 	enum v6_table f;
+	enum cuckoo g;
 };
 
 __attribute__((noinline)) int abi_enums(struct abi_enums *e)

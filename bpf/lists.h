@@ -7,10 +7,18 @@
 
 #include "common.h"
 
-/* The IPv6 hash tables' sizes (log2 of their slots) and hash seed. */
-volatile const __u32 v6_short_bits = 0;
-volatile const __u32 v6_long_bits = 0;
-volatile const __u64 v6_seed = 0;
+/* The cuckoo tables' buckets and the multipliers of their two hashes. */
+volatile const __u32 v4_buckets = 1;
+volatile const __u32 v6_buckets = 1;
+volatile const __u32 v6_short_buckets = 1;
+volatile const __u32 v6_long_buckets = 1;
+volatile const __u64 v4_block_mul[2] = {1, 1};
+volatile const __u64 v6_block_mul[2] = {1, 1};
+volatile const __u64 v6_short_mul[2] = {1, 1};
+volatile const __u64 v6_long_mul[2] = {1, 1};
+/* The IPv6 prefix length most entries have (0: none): probed before the
+ * block is known, so that its reads overlap the block's. */
+volatile const __u32 v6_hot_len = 0;
 
 /* max_entries of every table is set to its contents before load. */
 #define TABLE(name, value_type)                                                 \
@@ -22,14 +30,12 @@ volatile const __u64 v6_seed = 0;
 		__type(value, value_type);                                      \
 	} name SEC(".maps")
 
-TABLE(v4_dir, struct dir_node);
-TABLE(v4_entries, __u64);
+TABLE(v4_blocks, struct v4_bucket);
 TABLE(v4_bitmaps, struct v4_bitmap);
 TABLE(v4_tbl8s, struct v4_tbl8);
-TABLE(v6_dir, struct dir_node);
-TABLE(v6_nodes, struct v6_node);
-TABLE(v6_short, struct v6_slot);
-TABLE(v6_long, struct v6_long_slot);
+TABLE(v6_blocks, struct v6_bucket);
+TABLE(v6_short, struct v6_short_bucket);
+TABLE(v6_long, struct v6_long_bucket);
 /* Class id -> bitmask of lists; class 0 is "in no list". */
 TABLE(classes, __u64);
 
@@ -58,39 +64,60 @@ struct {
 	__type(value, __u32);
 } overlay_entries SEC(".maps");
 
-/* The directory's entry index for a /24 block; -1 when it is not present. */
-static __always_inline long dir_index(void *dir, __u32 blk)
+/* One of a key's two buckets: multiply-shift, then a range reduction. */
+static __always_inline __u32 bucket_index(__u32 digest, __u64 mul, __u32 buckets)
 {
-	__u32 n = blk >> 6;
-	struct dir_node *d = bpf_map_lookup_elem(dir, &n);
-	if (!d)
-		return -1;
-	__u64 bit = 1ULL << (blk & 63);
-	if (!(d->bits & bit))
-		return -1;
-	return d->rank + __builtin_popcountll(d->bits & (bit - 1));
+	return (((__u64)digest * mul) >> 32) * buckets >> 32;
 }
+
+#define SLOTS(b) (sizeof((b)->slot) / sizeof((b)->slot[0]))
+
+/* The slot s_ of a cuckoo table for which match holds, or NULL. The second
+ * bucket is read before the first is compared, so that the two reads
+ * overlap whatever the branch predictor guesses. */
+#define CUCKOO_FIND(table, buckets, mul, digest, match)                         \
+	({                                                                      \
+		__u32 d_ = (digest);                                            \
+		__u32 i_ = bucket_index(d_, (mul)[0], buckets);                 \
+		__u32 j_ = bucket_index(d_, (mul)[1], buckets);                 \
+		typeof(*table.value) *x_ = bpf_map_lookup_elem(&table, &i_);    \
+		typeof(*table.value) *y_ = bpf_map_lookup_elem(&table, &j_);    \
+		typeof(&x_->slot[0]) found_ = 0;                                \
+		if (x_ && y_) {                                                 \
+			__u64 first_ = *(volatile __u64 *)y_;                   \
+			(void)first_;                                           \
+			for (int k_ = 0; k_ < SLOTS(x_); k_++) {                \
+				typeof(found_) s_ = &x_->slot[k_];              \
+				if (match)                                      \
+					found_ = s_;                            \
+			}                                                       \
+			for (int k_ = 0; k_ < SLOTS(y_); k_++) {                \
+				typeof(found_) s_ = &y_->slot[k_];              \
+				if (match)                                      \
+					found_ = s_;                            \
+			}                                                       \
+		}                                                               \
+		found_;                                                         \
+	})
 
 static __always_inline __u32 v4_class(const __u8 *addr)
 {
 	__u32 a = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
-	long idx = dir_index(&v4_dir, a >> 8);
-	if (idx < 0)
+	__u32 key = (a >> 8) + 1;
+	struct v4_block *b = CUCKOO_FIND(v4_blocks, v4_buckets, v4_block_mul, key, s_->key == key);
+	if (!b)
 		return 0;
-	__u32 i = idx;
-	__u64 *ep = bpf_map_lookup_elem(&v4_entries, &i);
-	if (!ep)
-		return 0;
-	__u64 e = *ep;
+	__u64 e = b->entry;
 	__u32 lo = a & 0xff;
 	switch (e >> V4E_TYPE_SHIFT) {
 	case V4E_CLASS:
 		return (__u32)e;
 	case V4E_INLINE: {
-		/* Is lo one of the four octets? A zero byte in octets ^ lo. */
+		/* Is lo one of the eight octets? A zero byte in octets ^ lo. */
 		__u32 x = (__u32)(e >> V4E_OCTETS_SHIFT) ^ (lo * 0x01010101u);
+		__u32 y = b->octets ^ (lo * 0x01010101u);
 		__u32 mask = (1u << V4_INLINE_CLASS_BITS) - 1;
-		if ((x - 0x01010101u) & ~x & 0x80808080u)
+		if (((x - 0x01010101u) & ~x & 0x80808080u) | ((y - 0x01010101u) & ~y & 0x80808080u))
 			return (e >> V4E_HIT_SHIFT) & mask;
 		return e & mask;
 	}
@@ -109,14 +136,13 @@ static __always_inline __u32 v4_class(const __u8 *addr)
 	}
 }
 
-/* The multiply-shift hash of the IPv6 tables (Go's compile/v6.go has the
- * same): keys are lists' prefixes, never the packets', and the build keeps
- * every key within V6_MAX_PROBE slots of its home. */
-static __always_inline __u64 v6_hash(__u64 hi, __u64 lo, __u32 len)
+/* The digest of an IPv6 prefix key (Go's compile.digest6 is the same). */
+static __always_inline __u32 v6_digest(__u64 hi, __u64 lo, __u32 len)
 {
-	__u64 h = (hi ^ v6_seed) * 0x9e3779b97f4a7c15ULL;
+	__u64 h = hi * 0x9e3779b97f4a7c15ULL;
 	h ^= lo + len;
-	return (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ULL;
+	h = (h ^ (h >> 29)) * 0xbf58476d1ce4e5b9ULL;
+	return h ^ (h >> 32);
 }
 
 static __always_inline __u64 mask_top(__u64 v, __u32 bits)
@@ -128,36 +154,23 @@ static __always_inline __u64 mask_top(__u64 v, __u32 bits)
 static __always_inline long v6_probe_short(__u64 hi, __u32 len)
 {
 	__u64 key = mask_top(hi, len);
-	__u32 mask = (1u << v6_short_bits) - 1;
-	__u32 i = v6_hash(key, 0, len) >> (64 - v6_short_bits);
-#pragma unroll
-	for (int k = 0; k < V6_MAX_PROBE; k++) {
-		__u32 slot = (i + k) & mask;
-		struct v6_slot *s = bpf_map_lookup_elem(&v6_short, &slot);
-		if (!s || !s->len)
-			return -1;
-		if (s->len == len && s->key == key)
-			return s->cls;
-	}
-	return -1;
+	struct v6_slot *s = CUCKOO_FIND(v6_short, v6_short_buckets, v6_short_mul, v6_digest(key, 0, len),
+					s_->len == len && s_->key == key);
+	return s ? (long)s->cls : -1; /* not s->cls : -1, which is unsigned */
 }
 
 /* The class of the prefix of length len (65 to 128) holding hi:lo, or -1. */
 static __always_inline long v6_probe_long(__u64 hi, __u64 lo, __u32 len)
 {
 	__u64 klo = mask_top(lo, len - 64);
-	__u32 mask = (1u << v6_long_bits) - 1;
-	__u32 i = v6_hash(hi, klo, len) >> (64 - v6_long_bits);
-#pragma unroll
-	for (int k = 0; k < V6_MAX_PROBE; k++) {
-		__u32 slot = (i + k) & mask;
-		struct v6_long_slot *s = bpf_map_lookup_elem(&v6_long, &slot);
-		if (!s || !s->len)
-			return -1;
-		if (s->len == len && s->hi == hi && s->lo == klo)
-			return s->cls;
-	}
-	return -1;
+	struct v6_long_slot *s = CUCKOO_FIND(v6_long, v6_long_buckets, v6_long_mul, v6_digest(hi, klo, len),
+					     s_->len == len && s_->hi == hi && s_->lo == klo);
+	return s ? (long)s->cls : -1; /* not s->cls : -1, which is unsigned */
+}
+
+static __always_inline long v6_probe(__u64 hi, __u64 lo, __u32 len)
+{
+	return len > 64 ? v6_probe_long(hi, lo, len) : v6_probe_short(hi, len);
 }
 
 /* The walk over the lengths present under a /24, longest first. */
@@ -165,6 +178,7 @@ struct v6_walk {
 	__u64 hi, lo;
 	__u64 short_lens, long_lens;
 	long cls;
+	long hot; /* the probe of v6_hot_len, made up front */
 };
 
 static __always_inline int highest(__u64 v)
@@ -172,21 +186,32 @@ static __always_inline int highest(__u64 v)
 	return 63 - __builtin_clzll(v);
 }
 
-static long v6_step(__u32 i, void *arg)
+/* One length of the walk; 1 when the walk is over. */
+static __always_inline long v6_next_length(struct v6_walk *w)
 {
-	struct v6_walk *w = arg;
+	__u32 len;
 	if (w->long_lens) {
 		int b = highest(w->long_lens);
 		w->long_lens &= ~(1ULL << b);
-		w->cls = v6_probe_long(w->hi, w->lo, V6_LONG_MIN + b);
+		len = V6_LONG_MIN + b;
 	} else if (w->short_lens) {
 		int b = highest(w->short_lens);
 		w->short_lens &= ~(1ULL << b);
-		w->cls = v6_probe_short(w->hi, V6_SHORT_MIN + b);
+		len = V6_SHORT_MIN + b;
 	} else {
 		return 1;
 	}
+	w->cls = len == v6_hot_len ? w->hot : v6_probe(w->hi, w->lo, len);
 	return w->cls >= 0;
+}
+
+/* The loop's callback. The first step is inlined instead of being a direct
+ * call of this function: a static function both called and passed to
+ * bpf_loop makes the kernel's JIT fail when the verifier removes it as dead
+ * code ("No program to jit", seen on 6.18). */
+static long v6_step(__u32 i, void *arg)
+{
+	return v6_next_length(arg);
 }
 
 static __always_inline __u32 v6_class(const __u8 *addr)
@@ -196,18 +221,16 @@ static __always_inline __u32 v6_class(const __u8 *addr)
 	__builtin_memcpy(&lo, addr + 8, 8);
 	hi = bpf_be64_to_cpu(hi);
 	lo = bpf_be64_to_cpu(lo);
-	long idx = dir_index(&v6_dir, hi >> 40);
-	if (idx < 0)
-		return 0;
-	__u32 i = idx;
-	struct v6_node *n = bpf_map_lookup_elem(&v6_nodes, &i);
+	long hot = v6_hot_len ? v6_probe(hi, lo, v6_hot_len) : -1;
+	__u32 key = (hi >> 40) + 1;
+	struct v6_block *n = CUCKOO_FIND(v6_blocks, v6_buckets, v6_block_mul, key, s_->key == key);
 	if (!n)
 		return 0;
 	if (!(n->short_lens | n->long_lens))
 		return n->base;
-	struct v6_walk w = {.hi = hi, .lo = lo, .short_lens = n->short_lens, .long_lens = n->long_lens, .cls = -1};
+	struct v6_walk w = {.hi = hi, .lo = lo, .short_lens = n->short_lens, .long_lens = n->long_lens, .cls = -1, .hot = hot};
 	/* The common case, one length, without the loop's call. */
-	if (!v6_step(0, &w) && (w.short_lens | w.long_lens))
+	if (!v6_next_length(&w) && (w.short_lens | w.long_lens))
 		bpf_loop(64 + 40, v6_step, &w, 0);
 	return w.cls >= 0 ? w.cls : n->base;
 }

@@ -66,20 +66,34 @@ type V4Tbl8 struct {
 	Cls [256]uint16
 }
 
-// DirNode is struct dir_node.
-type DirNode struct {
-	_    structs.HostLayout
-	Bits uint64
-	Rank uint64
+// V4Block is struct v4_block.
+type V4Block struct {
+	_      structs.HostLayout
+	Key    uint32
+	Octets uint32
+	Entry  uint64
 }
 
-// V6Node is struct v6_node.
-type V6Node struct {
+// V4Bucket is struct v4_bucket.
+type V4Bucket struct {
+	_    structs.HostLayout
+	Slot [4]V4Block
+}
+
+// V6Block is struct v6_block.
+type V6Block struct {
 	_         structs.HostLayout
+	Key       uint32
+	Base      uint32
 	ShortLens uint64
 	LongLens  uint64
-	Base      uint32
-	Pad       uint32
+	Pad       uint64
+}
+
+// V6Bucket is struct v6_bucket.
+type V6Bucket struct {
+	_    structs.HostLayout
+	Slot [2]V6Block
 }
 
 // V6Slot is struct v6_slot.
@@ -98,6 +112,18 @@ type V6LongSlot struct {
 	Len uint32
 	Cls uint32
 	Pad uint64
+}
+
+// V6ShortBucket is struct v6_short_bucket.
+type V6ShortBucket struct {
+	_    structs.HostLayout
+	Slot [4]V6Slot
+}
+
+// V6LongBucket is struct v6_long_bucket.
+type V6LongBucket struct {
+	_    structs.HostLayout
+	Slot [2]V6LongSlot
 }
 
 // enum limits
@@ -138,6 +164,14 @@ const (
 	MatchIPv6     = 256
 )
 
+// enum cuckoo
+const (
+	V4BlockSlots = 4
+	V6BlockSlots = 2
+	V6ShortSlots = 4
+	V6LongSlots  = 2
+)
+
 // enum v4_entry
 const (
 	V4ETypeShift      = 62
@@ -145,7 +179,7 @@ const (
 	V4EInline         = 1
 	V4EBitmap         = 2
 	V4ETbl8           = 3
-	V4Inline          = 4
+	V4Inline          = 8
 	V4InlineClassBits = 12
 	V4EHitShift       = 12
 	V4EOctetsShift    = 24
@@ -156,5 +190,4 @@ const (
 const (
 	V6ShortMin = 25
 	V6LongMin  = 65
-	V6MaxProbe = 8
 )

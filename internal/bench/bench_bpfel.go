@@ -35,12 +35,10 @@ const (
 	benchMapOverlayV6      = "overlay_v6"
 	benchMapSources        = "sources"
 	benchMapV4Bitmaps      = "v4_bitmaps"
-	benchMapV4Dir          = "v4_dir"
-	benchMapV4Entries      = "v4_entries"
+	benchMapV4Blocks       = "v4_blocks"
 	benchMapV4Tbl8s        = "v4_tbl8s"
-	benchMapV6Dir          = "v6_dir"
+	benchMapV6Blocks       = "v6_blocks"
 	benchMapV6Long         = "v6_long"
-	benchMapV6Nodes        = "v6_nodes"
 	benchMapV6Short        = "v6_short"
 	benchProgBenchDrop     = "bench_drop"
 	benchProgBenchLookup   = "bench_lookup"
@@ -50,9 +48,15 @@ const (
 	benchVarOneReadWords   = "one_read_words"
 	benchVarSourceMask     = "source_mask"
 	benchVarStructure      = "structure"
-	benchVarV6LongBits     = "v6_long_bits"
-	benchVarV6Seed         = "v6_seed"
-	benchVarV6ShortBits    = "v6_short_bits"
+	benchVarV4BlockMul     = "v4_block_mul"
+	benchVarV4Buckets      = "v4_buckets"
+	benchVarV6BlockMul     = "v6_block_mul"
+	benchVarV6Buckets      = "v6_buckets"
+	benchVarV6HotLen       = "v6_hot_len"
+	benchVarV6LongBuckets  = "v6_long_buckets"
+	benchVarV6LongMul      = "v6_long_mul"
+	benchVarV6ShortBuckets = "v6_short_buckets"
+	benchVarV6ShortMul     = "v6_short_mul"
 )
 
 // loadBench returns the embedded CollectionSpec for bench.
@@ -116,12 +120,10 @@ type benchMapSpecs struct {
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
 	Sources        *ebpf.MapSpec `ebpf:"sources"`
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
-	V4Dir          *ebpf.MapSpec `ebpf:"v4_dir"`
-	V4Entries      *ebpf.MapSpec `ebpf:"v4_entries"`
+	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
-	V6Dir          *ebpf.MapSpec `ebpf:"v6_dir"`
+	V6Blocks       *ebpf.MapSpec `ebpf:"v6_blocks"`
 	V6Long         *ebpf.MapSpec `ebpf:"v6_long"`
-	V6Nodes        *ebpf.MapSpec `ebpf:"v6_nodes"`
 	V6Short        *ebpf.MapSpec `ebpf:"v6_short"`
 }
 
@@ -129,14 +131,20 @@ type benchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchVariableSpecs struct {
-	Family       *ebpf.VariableSpec `ebpf:"family"`
-	NextSource   *ebpf.VariableSpec `ebpf:"next_source"`
-	OneReadWords *ebpf.VariableSpec `ebpf:"one_read_words"`
-	SourceMask   *ebpf.VariableSpec `ebpf:"source_mask"`
-	Structure    *ebpf.VariableSpec `ebpf:"structure"`
-	V6LongBits   *ebpf.VariableSpec `ebpf:"v6_long_bits"`
-	V6Seed       *ebpf.VariableSpec `ebpf:"v6_seed"`
-	V6ShortBits  *ebpf.VariableSpec `ebpf:"v6_short_bits"`
+	Family         *ebpf.VariableSpec `ebpf:"family"`
+	NextSource     *ebpf.VariableSpec `ebpf:"next_source"`
+	OneReadWords   *ebpf.VariableSpec `ebpf:"one_read_words"`
+	SourceMask     *ebpf.VariableSpec `ebpf:"source_mask"`
+	Structure      *ebpf.VariableSpec `ebpf:"structure"`
+	V4BlockMul     *ebpf.VariableSpec `ebpf:"v4_block_mul"`
+	V4Buckets      *ebpf.VariableSpec `ebpf:"v4_buckets"`
+	V6BlockMul     *ebpf.VariableSpec `ebpf:"v6_block_mul"`
+	V6Buckets      *ebpf.VariableSpec `ebpf:"v6_buckets"`
+	V6HotLen       *ebpf.VariableSpec `ebpf:"v6_hot_len"`
+	V6LongBuckets  *ebpf.VariableSpec `ebpf:"v6_long_buckets"`
+	V6LongMul      *ebpf.VariableSpec `ebpf:"v6_long_mul"`
+	V6ShortBuckets *ebpf.VariableSpec `ebpf:"v6_short_buckets"`
+	V6ShortMul     *ebpf.VariableSpec `ebpf:"v6_short_mul"`
 }
 
 // benchObjects contains all objects after they have been loaded into the kernel.
@@ -169,12 +177,10 @@ type benchMaps struct {
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
 	Sources        *ebpf.Map `ebpf:"sources"`
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
-	V4Dir          *ebpf.Map `ebpf:"v4_dir"`
-	V4Entries      *ebpf.Map `ebpf:"v4_entries"`
+	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
-	V6Dir          *ebpf.Map `ebpf:"v6_dir"`
+	V6Blocks       *ebpf.Map `ebpf:"v6_blocks"`
 	V6Long         *ebpf.Map `ebpf:"v6_long"`
-	V6Nodes        *ebpf.Map `ebpf:"v6_nodes"`
 	V6Short        *ebpf.Map `ebpf:"v6_short"`
 }
 
@@ -190,12 +196,10 @@ func (m *benchMaps) Close() error {
 		m.OverlayV6,
 		m.Sources,
 		m.V4Bitmaps,
-		m.V4Dir,
-		m.V4Entries,
+		m.V4Blocks,
 		m.V4Tbl8s,
-		m.V6Dir,
+		m.V6Blocks,
 		m.V6Long,
-		m.V6Nodes,
 		m.V6Short,
 	)
 }
@@ -204,14 +208,20 @@ func (m *benchMaps) Close() error {
 //
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchVariables struct {
-	Family       *ebpf.Variable `ebpf:"family"`
-	NextSource   *ebpf.Variable `ebpf:"next_source"`
-	OneReadWords *ebpf.Variable `ebpf:"one_read_words"`
-	SourceMask   *ebpf.Variable `ebpf:"source_mask"`
-	Structure    *ebpf.Variable `ebpf:"structure"`
-	V6LongBits   *ebpf.Variable `ebpf:"v6_long_bits"`
-	V6Seed       *ebpf.Variable `ebpf:"v6_seed"`
-	V6ShortBits  *ebpf.Variable `ebpf:"v6_short_bits"`
+	Family         *ebpf.Variable `ebpf:"family"`
+	NextSource     *ebpf.Variable `ebpf:"next_source"`
+	OneReadWords   *ebpf.Variable `ebpf:"one_read_words"`
+	SourceMask     *ebpf.Variable `ebpf:"source_mask"`
+	Structure      *ebpf.Variable `ebpf:"structure"`
+	V4BlockMul     *ebpf.Variable `ebpf:"v4_block_mul"`
+	V4Buckets      *ebpf.Variable `ebpf:"v4_buckets"`
+	V6BlockMul     *ebpf.Variable `ebpf:"v6_block_mul"`
+	V6Buckets      *ebpf.Variable `ebpf:"v6_buckets"`
+	V6HotLen       *ebpf.Variable `ebpf:"v6_hot_len"`
+	V6LongBuckets  *ebpf.Variable `ebpf:"v6_long_buckets"`
+	V6LongMul      *ebpf.Variable `ebpf:"v6_long_mul"`
+	V6ShortBuckets *ebpf.Variable `ebpf:"v6_short_buckets"`
+	V6ShortMul     *ebpf.Variable `ebpf:"v6_short_mul"`
 }
 
 // benchPrograms contains all programs after they have been loaded into the kernel.

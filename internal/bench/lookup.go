@@ -75,8 +75,8 @@ type Result struct {
 	VsOneRead  float64 `json:"vs_one_read"`
 	// HitRate is the share of sources found in the list (lookups only).
 	HitRate *float64 `json:"hit_rate,omitempty"`
-	// Reads and Pages are the mean dependent memory reads and distinct
-	// 4 KiB pages a lookup touches, where they can be counted (rampart's
+	// Reads and Pages are the mean dependent memory reads (reads issued
+	// together count once) and distinct 4 KiB pages a lookup touches, where they can be counted (rampart's
 	// from compile.Tables.Lookup over the run's sources).
 	Reads *float64 `json:"reads_per_lookup,omitempty"`
 	Pages *float64 `json:"pages_per_lookup,omitempty"`
@@ -235,7 +235,8 @@ func measure(o Options, frame []byte, subjects []subject, rows map[string]*Resul
 }
 
 // readsAndPages walks the tables for the sources as the kernel does and
-// averages the reads and the distinct pages per lookup.
+// averages the dependent reads (reads issued together count once) and the
+// distinct pages per lookup.
 func readsAndPages(t *compile.Tables, srcs []netip.Addr) (*float64, *float64) {
 	var reads []compile.Read
 	type page struct {
@@ -250,8 +251,10 @@ func readsAndPages(t *compile.Tables, srcs []netip.Addr) (*float64, *float64) {
 		clear(pages)
 		for _, r := range reads {
 			pages[page{r.Table, r.Offset >> 12}] = true
+			if !r.Parallel {
+				nReads++
+			}
 		}
-		nReads += len(reads)
 		nPages += len(pages)
 	}
 	n := float64(max(1, len(srcs)))
@@ -282,8 +285,9 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
 		}
 	}
-	ts := datapath.TableSpecs{V4Dir: m.V4Dir, V4Entries: m.V4Entries, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Dir: m.V6Dir,
-		V6Nodes: m.V6Nodes, V6Short: m.V6Short, V6Long: m.V6Long, Classes: m.Classes, V6ShortBits: v.V6ShortBits, V6LongBits: v.V6LongBits, V6Seed: v.V6Seed}
+	ts := datapath.TableSpecs{V4Blocks: m.V4Blocks, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
+		Classes: m.Classes, V4Buckets: v.V4Buckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V6BlockMul: v.V6BlockMul,
+		V6ShortBuckets: v.V6ShortBuckets, V6LongBuckets: v.V6LongBuckets, V6ShortMul: v.V6ShortMul, V6LongMul: v.V6LongMul, V6HotLen: v.V6HotLen}
 	if err := ts.Size(t); err != nil {
 		return nil, err
 	}
@@ -308,8 +312,8 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 }
 
 func tableMaps(o *benchObjects) datapath.TableMaps {
-	return datapath.TableMaps{V4Dir: o.V4Dir, V4Entries: o.V4Entries, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Dir: o.V6Dir,
-		V6Nodes: o.V6Nodes, V6Short: o.V6Short, V6Long: o.V6Long, Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
+	return datapath.TableMaps{V4Blocks: o.V4Blocks, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
+		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
 }
 
 // kernelLPM loads the benchmark over the kernel's LPM trie holding

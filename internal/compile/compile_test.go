@@ -3,6 +3,7 @@ package compile
 import (
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/rampart-fw/rampart/internal/abi"
@@ -42,8 +43,16 @@ rules:
 	}
 	// The /48 adds nothing to the /32 it is in: two IPv6 entries, the
 	// /32 and the /64, in one /24 block's node.
-	if tb.V6Prefixes() != 2 || len(tb.V6Nodes) != 1 || tb.V6Nodes[0].ShortLens != 1<<(32-25)|1<<(64-25) {
-		t.Errorf("IPv6 entries %d nodes %+v", tb.V6Prefixes(), tb.V6Nodes)
+	var blocks []abi.V6Block
+	for _, b := range tb.V6Blocks {
+		for _, s := range b.Slot {
+			if s.Key != 0 {
+				blocks = append(blocks, s)
+			}
+		}
+	}
+	if tb.V6Prefixes() != 2 || len(blocks) != 1 || blocks[0].ShortLens != 1<<(32-25)|1<<(64-25) {
+		t.Errorf("IPv6 entries %d blocks %+v", tb.V6Prefixes(), blocks)
 	}
 	if got := lookup6(tb, netip.MustParseAddr("2001:db8:1:2::9")); got != deny|allow {
 		t.Errorf("IPv6 nested: %b", got)
@@ -145,6 +154,47 @@ func TestOverlay(t *testing.T) {
 	for k, w := range want {
 		if got[k] != w {
 			t.Errorf("%s: %+v, want %+v", k, got[k], w)
+		}
+	}
+}
+
+// TestCuckoo places many keys (with colliding digests among them) and finds
+// every one in one of its two buckets; the layout is the same every time.
+func TestCuckoo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 3))
+	keys := make([]uint32, 200_000)
+	seen := map[uint32]bool{}
+	for i := range keys {
+		k := rng.Uint32()
+		if i%1000 == 0 && i > 0 {
+			k = keys[i-1] // a digest shared by two keys
+		} else {
+			for seen[k] {
+				k = rng.Uint32()
+			}
+		}
+		seen[k] = true
+		keys[i] = k
+	}
+	for _, c := range []struct {
+		slots int
+		load  float64
+	}{{4, 0.9}, {2, 0.8}} {
+		pos, buckets, mul := placeCuckoo(keys, c.slots, c.load)
+		if float64(len(keys)) < 0.85*c.load*float64(int(buckets)*c.slots) {
+			t.Errorf("%d slots: %d keys in %d buckets", c.slots, len(keys), buckets)
+		}
+		used := map[uint32]bool{}
+		for i, p := range pos {
+			b := p / uint32(c.slots)
+			if used[p] || (b != bucketIndex(keys[i], mul[0], buckets) && b != bucketIndex(keys[i], mul[1], buckets)) {
+				t.Fatalf("key %d at slot %d: taken or not in its buckets", i, p)
+			}
+			used[p] = true
+		}
+		pos2, buckets2, mul2 := placeCuckoo(keys, c.slots, c.load)
+		if buckets2 != buckets || mul2 != mul || !slices.Equal(pos, pos2) {
+			t.Errorf("%d slots: two layouts of the same keys", c.slots)
 		}
 	}
 }

@@ -26,19 +26,20 @@ type Image struct {
 
 // Tables are the contents of the prefix-list maps (see bpf/common.h).
 type Tables struct {
-	V4Dir                   []abi.DirNode // presence and rank per 64 /24 blocks, up to the last present
-	V4Entries               []uint64      // one per present block, in block order
-	V4Bitmaps               []abi.V4Bitmap
-	V4Tbl8s                 []abi.V4Tbl8
-	V6Dir                   []abi.DirNode
-	V6Nodes                 []abi.V6Node // one per present block of the top 24 bits
-	V6Short                 []abi.V6Slot // the hash of prefixes /25 to /64: 2^V6ShortBits slots
-	V6Long                  []abi.V6LongSlot
-	V6ShortBits, V6LongBits uint32
-	V6Seed                  uint64
-	Classes                 []uint64 // class id -> list mask; class 0 is no list
-	OverlayV4               []OverlayEntry[abi.LPMKeyV4]
-	OverlayV6               []OverlayEntry[abi.LPMKeyV6]
+	V4Blocks   []abi.V4Bucket // the cuckoo hash of /24 blocks holding anything
+	V4BlockMul [2]uint64      // its two hashes' multipliers
+	V4Bitmaps  []abi.V4Bitmap
+	V4Tbl8s    []abi.V4Tbl8
+	V6Blocks   []abi.V6Bucket // the same, of the top 24 bits of IPv6
+	V6BlockMul [2]uint64
+	V6Short    []abi.V6ShortBucket // the cuckoo hash of prefixes /25 to /64
+	V6ShortMul [2]uint64
+	V6Long     []abi.V6LongBucket // of prefixes /65 to /128
+	V6LongMul  [2]uint64
+	V6HotLen   uint32   // the length most IPv6 prefixes past /24 have (0: none)
+	Classes    []uint64 // class id -> list mask; class 0 is no list
+	OverlayV4  []OverlayEntry[abi.LPMKeyV4]
+	OverlayV6  []OverlayEntry[abi.LPMKeyV6]
 }
 
 // Entry is one prefix and the bitmask of the lists holding it.
@@ -60,8 +61,8 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	t := &img.Tables
-	for _, part := range []any{t.V4Dir, t.V4Entries, t.V4Bitmaps, t.V4Tbl8s, t.V6Dir, t.V6Nodes, t.V6Short, t.V6Long,
-		[]uint64{uint64(t.V6ShortBits), uint64(t.V6LongBits), t.V6Seed}, t.Classes} {
+	for _, part := range []any{t.V4Blocks, t.V4BlockMul, t.V4Bitmaps, t.V4Tbl8s, t.V6Blocks, t.V6BlockMul, t.V6Short, t.V6ShortMul,
+		t.V6Long, t.V6LongMul, t.V6HotLen, t.Classes} {
 		binary.Write(h, binary.LittleEndian, part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
@@ -70,22 +71,26 @@ func (img *Image) Hash() string {
 // KernelBytes estimates the kernel memory the tables take once loaded.
 func (t *Tables) KernelBytes() uint64 {
 	const lpmNode = 64
-	return uint64(len(t.V4Dir)+len(t.V6Dir))*16 + uint64(len(t.V4Entries))*8 + uint64(len(t.V4Bitmaps))*40 +
-		uint64(len(t.V4Tbl8s))*512 + uint64(len(t.V6Nodes))*24 + uint64(len(t.V6Short))*16 + uint64(len(t.V6Long))*32 +
+	return uint64(len(t.V4Blocks)+len(t.V6Blocks))*64 + uint64(len(t.V4Bitmaps))*40 +
+		uint64(len(t.V4Tbl8s))*512 + uint64(len(t.V6Short)+len(t.V6Long))*64 +
 		uint64(len(t.Classes))*8 + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
 }
 
 // V6Prefixes counts the IPv6 prefixes the tables hold after aggregation.
 func (t *Tables) V6Prefixes() int {
 	n := 0
-	for _, s := range t.V6Short {
-		if s.Len != 0 {
-			n++
+	for _, b := range t.V6Short {
+		for _, s := range b.Slot {
+			if s.Len != 0 {
+				n++
+			}
 		}
 	}
-	for _, s := range t.V6Long {
-		if s.Len != 0 {
-			n++
+	for _, b := range t.V6Long {
+		for _, s := range b.Slot {
+			if s.Len != 0 {
+				n++
+			}
 		}
 	}
 	return n

@@ -9,10 +9,12 @@ import (
 )
 
 // Read is one read a lookup makes: a table and the byte offset in it. A
-// lookup's reads depend each on the one before.
+// lookup's reads depend each on the one before, unless Parallel: then it is
+// issued together with the one before.
 type Read struct {
-	Table  string
-	Offset uint64
+	Table    string
+	Offset   uint64
+	Parallel bool
 }
 
 // Lookup finds the lists holding an address in the tables step for step as
@@ -21,14 +23,14 @@ type Read struct {
 func (t *Tables) Lookup(a netip.Addr, reads *[]Read) uint64 {
 	read := func(table string, index, size int) {
 		if reads != nil {
-			*reads = append(*reads, Read{table, uint64(index) * uint64(size)})
+			*reads = append(*reads, Read{Table: table, Offset: uint64(index) * uint64(size)})
 		}
 	}
 	var cls uint32
 	if a.Is4() {
-		cls = t.class4(policy.V4ToUint(a), read)
+		cls = t.class4(policy.V4ToUint(a), reads, read)
 	} else {
-		cls = t.class6(policy.U128Of(a), read)
+		cls = t.class6(policy.U128Of(a), reads)
 	}
 	read("classes", int(cls), 8)
 	if int(cls) >= len(t.Classes) {
@@ -37,34 +39,46 @@ func (t *Tables) Lookup(a netip.Addr, reads *[]Read) uint64 {
 	return t.Classes[cls]
 }
 
-// dirIndex is the entry index of a present block, or -1.
-func dirIndex(dir []abi.DirNode, blk uint32, table string, read func(string, int, int)) int {
-	n := int(blk / 64)
-	if n >= len(dir) {
-		return -1
+// cuckooFind is bpf/lists.h's CUCKOO_FIND: the slot of either of the
+// digest's buckets (read together) for which match holds, or nil. The
+// first read is parallel to the one before when parallel is set.
+func cuckooFind[B, S any](table []B, mul [2]uint64, digest uint32, name string, reads *[]Read, parallel bool,
+	slots func(*B) []S, match func(*S) bool) *S {
+	if len(table) == 0 {
+		return nil
 	}
-	read(table, n, 16)
-	bit := uint64(1) << (blk % 64)
-	if dir[n].Bits&bit == 0 {
-		return -1
+	var found *S
+	for h, m := range mul {
+		i := bucketIndex(digest, m, uint32(len(table)))
+		if reads != nil {
+			*reads = append(*reads, Read{Table: name, Offset: uint64(i) * 64, Parallel: parallel || h == 1})
+		}
+		ss := slots(&table[i])
+		for j := range ss {
+			if match(&ss[j]) {
+				found = &ss[j]
+			}
+		}
 	}
-	return int(dir[n].Rank) + bits.OnesCount64(dir[n].Bits&(bit-1))
+	return found
 }
 
-func (t *Tables) class4(a uint32, read func(string, int, int)) uint32 {
-	i := dirIndex(t.V4Dir, a>>8, "v4_dir", read)
-	if i < 0 {
+func (t *Tables) class4(a uint32, reads *[]Read, read func(string, int, int)) uint32 {
+	key := a>>8 + 1
+	b := cuckooFind(t.V4Blocks, t.V4BlockMul, key, "v4_blocks", reads, false,
+		func(b *abi.V4Bucket) []abi.V4Block { return b.Slot[:] }, func(s *abi.V4Block) bool { return s.Key == key })
+	if b == nil {
 		return 0
 	}
-	read("v4_entries", i, 8)
-	e, lo := t.V4Entries[i], a&0xff
+	e, lo := b.Entry, a&0xff
 	switch e >> abi.V4ETypeShift {
 	case abi.V4EClass:
 		return uint32(e)
 	case abi.V4EInline:
 		mask := uint64(1)<<abi.V4InlineClassBits - 1
+		octets := uint64(uint32(e>>abi.V4EOctetsShift)) | uint64(b.Octets)<<32
 		for k := 0; k < abi.V4Inline; k++ {
-			if uint32(e>>(abi.V4EOctetsShift+8*k))&0xff == lo {
+			if uint32(octets>>(8*k))&0xff == lo {
 				return uint32(e >> abi.V4EHitShift & mask)
 			}
 		}
@@ -81,60 +95,62 @@ func (t *Tables) class4(a uint32, read func(string, int, int)) uint32 {
 	return uint32(t.V4Tbl8s[uint32(e)].Cls[lo])
 }
 
-func (t *Tables) class6(a policy.U128, read func(string, int, int)) uint32 {
-	i := dirIndex(t.V6Dir, uint32(a.Hi>>40), "v6_dir", read)
-	if i < 0 {
+func (t *Tables) class6(a policy.U128, reads *[]Read) uint32 {
+	// The hot length's probe goes first, the block's reads beside it.
+	hot, hotOK := int64(-1), t.V6HotLen != 0
+	if hotOK {
+		hot = t.probe6(a, t.V6HotLen, reads, false)
+	}
+	key := uint32(a.Hi>>40) + 1
+	n := cuckooFind(t.V6Blocks, t.V6BlockMul, key, "v6_blocks", reads, hotOK,
+		func(b *abi.V6Bucket) []abi.V6Block { return b.Slot[:] }, func(s *abi.V6Block) bool { return s.Key == key })
+	if n == nil {
 		return 0
 	}
-	read("v6_nodes", i, 24)
-	n := t.V6Nodes[i]
-	for l := n.LongLens; l != 0; {
-		b := 63 - bits.LeadingZeros64(l)
-		l &^= 1 << b
-		length := uint32(abi.V6LongMin + b)
-		lo := a.Lo
-		if length < 128 {
-			lo &= ^uint64(0) << (128 - length)
-		}
-		if c, ok := probe(t.V6Long, t.V6LongBits, hash(a.Hi, lo, length, t.V6Seed), "v6_long", 32, read, func(s abi.V6LongSlot) (uint32, bool, bool) {
-			return s.Cls, s.Len == 0, s.Len == length && s.Hi == a.Hi && s.Lo == lo
-		}); ok {
-			return c
-		}
-	}
-	for l := n.ShortLens; l != 0; {
-		b := 63 - bits.LeadingZeros64(l)
-		l &^= 1 << b
-		length := uint32(abi.V6ShortMin + b)
-		key := a.Hi
-		if length < 64 {
-			key &= ^uint64(0) << (64 - length)
-		}
-		if c, ok := probe(t.V6Short, t.V6ShortBits, hash(key, 0, length, t.V6Seed), "v6_short", 16, read, func(s abi.V6Slot) (uint32, bool, bool) {
-			return s.Cls, s.Len == 0, s.Len == length && s.Key == key
-		}); ok {
-			return c
+	// Lengths present under the block, longest first.
+	lens := [2]uint64{n.LongLens, n.ShortLens}
+	for k, first := range [2]int{abi.V6LongMin, abi.V6ShortMin} {
+		for l := lens[k]; l != 0; {
+			b := 63 - bits.LeadingZeros64(l)
+			l &^= 1 << b
+			length := uint32(first + b)
+			c := hot
+			if length != t.V6HotLen {
+				c = t.probe6(a, length, reads, false)
+			}
+			if c >= 0 {
+				return uint32(c)
+			}
 		}
 	}
 	return n.Base
 }
 
-// probe looks a key up from its home slot: match says (class, empty, hit).
-func probe[S abi.V6Slot | abi.V6LongSlot](table []S, tbits uint32, h uint64, name string, size int, read func(string, int, int), match func(S) (uint32, bool, bool)) (uint32, bool) {
-	if len(table) == 0 {
-		return 0, false
-	}
-	home := h >> (64 - max(1, tbits))
-	for k := uint64(0); k < abi.V6MaxProbe; k++ {
-		i := (home + k) & uint64(len(table)-1)
-		read(name, int(i), size)
-		c, empty, hit := match(table[i])
-		if hit {
-			return c, true
+// probe6 is v6_probe: the class of the prefix of the length holding a, or -1.
+func (t *Tables) probe6(a policy.U128, length uint32, reads *[]Read, parallel bool) int64 {
+	var cls *uint32
+	if length > 64 {
+		lo := a.Lo & (^uint64(0) << (128 - length))
+		s := cuckooFind(t.V6Long, t.V6LongMul, digest6(a.Hi, lo, length), "v6_long", reads, parallel,
+			func(b *abi.V6LongBucket) []abi.V6LongSlot { return b.Slot[:] },
+			func(s *abi.V6LongSlot) bool { return s.Len == length && s.Hi == a.Hi && s.Lo == lo })
+		if s != nil {
+			cls = &s.Cls
 		}
-		if empty {
-			return 0, false
+	} else {
+		key := a.Hi
+		if length < 64 {
+			key &= ^uint64(0) << (64 - length)
+		}
+		s := cuckooFind(t.V6Short, t.V6ShortMul, digest6(key, 0, length), "v6_short", reads, parallel,
+			func(b *abi.V6ShortBucket) []abi.V6Slot { return b.Slot[:] },
+			func(s *abi.V6Slot) bool { return s.Len == length && s.Key == key })
+		if s != nil {
+			cls = &s.Cls
 		}
 	}
-	return 0, false
+	if cls == nil {
+		return -1
+	}
+	return int64(*cls)
 }

@@ -40,7 +40,7 @@ func (c *classes) class(mask uint64) uint32 {
 // of a second class an INLINE entry, the common case of host lists; any
 // other pattern of two classes a bitmap, of more a tbl8. Overlapping and
 // duplicate ranges, nested allow/deny lists and adjacency all come out of
-// the sweep merged.
+// the sweep merged. The blocks then go into the cuckoo hash.
 func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	ranges := 0
 	for _, l := range lists {
@@ -50,36 +50,11 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 		return
 	}
 	b := v4Builder{t: t, c: c, blk: -1, pieces: make([]piece, 0, 256)}
-	b.blocks = make([]uint32, 0, min(ranges, abi.V4Blocks))
-	t.V4Entries = make([]uint64, 0, min(ranges, abi.V4Blocks))
+	b.blocks = make([]abi.V4Block, 0, min(ranges, 1<<16))
 	sweepV4(lists, bits, b.segment)
 	b.flush()
-	t.V4Dir = directory(b.blocks)
-}
-
-// directory builds the presence nodes of present blocks (in order).
-func directory(blocks []uint32) []abi.DirNode {
-	if len(blocks) == 0 {
-		return nil
-	}
-	dir := make([]abi.DirNode, blocks[len(blocks)-1]/64+1)
-	for i, blk := range blocks {
-		n := &dir[blk/64]
-		if n.Bits == 0 {
-			n.Rank = uint64(i)
-		}
-		n.Bits |= 1 << (blk % 64)
-	}
-	// Nodes without blocks still need the rank of the next present block.
-	next := uint64(len(blocks))
-	for i := len(dir) - 1; i >= 0; i-- {
-		if dir[i].Bits == 0 {
-			dir[i].Rank = next
-		} else {
-			next = dir[i].Rank
-		}
-	}
-	return dir
+	t.V4Blocks, t.V4BlockMul = cuckooTable(b.blocks, func(s *abi.V4Block) uint32 { return s.Key }, abi.V4BlockSlots, 0.9,
+		func(b *abi.V4Bucket, i int) *abi.V4Block { return &b.Slot[i] })
 }
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list
@@ -114,9 +89,9 @@ func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask 
 type v4Builder struct {
 	t      *Tables
 	c      *classes
-	blocks []uint32 // present blocks, in order, one per entry
-	blk    int64    // the block being assembled from pieces, or -1
-	pieces []piece  // its pieces, in address order
+	blocks []abi.V4Block // blocks holding anything, in order
+	blk    int64         // the block being assembled from pieces, or -1
+	pieces []piece       // its pieces, in address order
 }
 
 // piece is the addresses .lo to .hi of a block, all in one class.
@@ -126,8 +101,7 @@ type piece struct {
 }
 
 func (b *v4Builder) add(blk uint32, entry uint64) {
-	b.blocks = append(b.blocks, blk)
-	b.t.V4Entries = append(b.t.V4Entries, entry)
+	b.blocks = append(b.blocks, abi.V4Block{Key: blk + 1, Entry: entry})
 }
 
 func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
@@ -203,7 +177,8 @@ func (b *v4Builder) flush() {
 			base, hit = hit, base
 		}
 		if min(size[0], size[1]) <= abi.V4Inline && max(base, hit) < 1<<abi.V4InlineClassBits {
-			b.add(blk, inline(ps, base, hit))
+			entry, octets := inline(ps, base, hit)
+			b.blocks = append(b.blocks, abi.V4Block{Key: blk + 1, Octets: octets, Entry: entry})
 			return
 		}
 		bm := abi.V4Bitmap{Base: uint16(base), Hit: uint16(hit)}
@@ -227,9 +202,9 @@ func (b *v4Builder) flush() {
 }
 
 // inline packs a block with at most V4_INLINE addresses of class hit into
-// one entry: the classes and the addresses' last octets, unused octets
-// repeating the first (bpf/lists.h matches any of the four).
-func inline(ps []piece, base, hit uint32) uint64 {
+// an entry and the slot's octets: the classes and the addresses' last
+// octets, unused octets repeating the first (bpf/lists.h matches any).
+func inline(ps []piece, base, hit uint32) (entry uint64, more uint32) {
 	var octets [abi.V4Inline]uint8
 	n := 0
 	for _, p := range ps {
@@ -248,7 +223,7 @@ func inline(ps []piece, base, hit uint32) uint64 {
 		}
 		packed |= uint64(o) << (8 * i)
 	}
-	return abi.V4EInline<<abi.V4ETypeShift | packed<<abi.V4EOctetsShift | uint64(hit)<<abi.V4EHitShift | uint64(base)
+	return abi.V4EInline<<abi.V4ETypeShift | (packed&0xffffffff)<<abi.V4EOctetsShift | uint64(hit)<<abi.V4EHitShift | uint64(base), uint32(packed >> 32)
 }
 
 // setBits sets bits lo to hi (inclusive) of a 256-bit bitmap.

@@ -2,7 +2,6 @@ package compile
 
 import (
 	"cmp"
-	"math/bits"
 	"net/netip"
 	"slices"
 
@@ -17,7 +16,7 @@ import (
 // nearest ancestor is left out), and lays them out by /24 block: a prefix up
 // to /24 sets the class of the blocks it covers (the longest wins), a longer
 // one marks its length in its block's node and goes into the hash table of
-// its length's kind.
+// its length's kind. Blocks and prefixes go into cuckoo tables.
 func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 	var all []entry6
 	for i, l := range lists {
@@ -57,13 +56,12 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 		}
 		return cmp.Compare(a.len, b.len)
 	})
-	var blocks []uint32
+	var blocks []abi.V6Block
 	for _, m := range marks {
-		if n := len(blocks); n == 0 || blocks[n-1] != m.blk {
-			blocks = append(blocks, m.blk)
-			t.V6Nodes = append(t.V6Nodes, abi.V6Node{})
+		if n := len(blocks); n == 0 || blocks[n-1].Key != m.blk+1 {
+			blocks = append(blocks, abi.V6Block{Key: m.blk + 1})
 		}
-		n := &t.V6Nodes[len(t.V6Nodes)-1]
+		n := &blocks[len(blocks)-1]
 		switch {
 		case m.len <= 24:
 			n.Base = m.cls
@@ -73,8 +71,31 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 			n.LongLens |= 1 << (m.len - abi.V6LongMin)
 		}
 	}
-	t.V6Dir = directory(blocks)
-	t.V6Short, t.V6Long, t.V6ShortBits, t.V6LongBits, t.V6Seed = hashTables(short, long)
+	t.V6Blocks, t.V6BlockMul = cuckooTable(blocks, func(s *abi.V6Block) uint32 { return s.Key }, abi.V6BlockSlots, 0.8,
+		func(b *abi.V6Bucket, i int) *abi.V6Block { return &b.Slot[i] })
+	t.V6Short, t.V6ShortMul = cuckooTable(short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, abi.V6ShortSlots, 0.9,
+		func(b *abi.V6ShortBucket, i int) *abi.V6Slot { return &b.Slot[i] })
+	t.V6Long, t.V6LongMul = cuckooTable(long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, abi.V6LongSlots, 0.8,
+		func(b *abi.V6LongBucket, i int) *abi.V6LongSlot { return &b.Slot[i] })
+	t.V6HotLen = hotLength(short, long)
+}
+
+// hotLength is the length most prefixes past /24 have.
+func hotLength(short []abi.V6Slot, long []abi.V6LongSlot) uint32 {
+	var count [129]int
+	for _, s := range short {
+		count[s.Len]++
+	}
+	for _, s := range long {
+		count[s.Len]++
+	}
+	hot := 0
+	for l, n := range count {
+		if n > count[hot] {
+			hot = l
+		}
+	}
+	return uint32(hot)
 }
 
 // entry6 is a prefix (its first address and length) and its list mask.
@@ -127,59 +148,12 @@ func closeOverAncestors(all []entry6) []entry6 {
 	return out
 }
 
-// hash is bpf/lists.h's v6_hash: the two must agree bit for bit.
-func hash(hi, lo uint64, length uint32, seed uint64) uint64 {
-	h := (hi ^ seed) * 0x9e3779b97f4a7c15
+// digest6 is bpf/lists.h's v6_digest: the two must agree bit for bit.
+func digest6(hi, lo uint64, length uint32) uint32 {
+	h := hi * 0x9e3779b97f4a7c15
 	h ^= lo + uint64(length)
-	return (h ^ h>>29) * 0xbf58476d1ce4e5b9
-}
-
-// hashTables lays out the two open-addressing tables: twice as many slots
-// as keys (at least two), and a seed under which every key sits within
-// V6_MAX_PROBE slots of its home (tried deterministically, so one policy
-// always gives one image; the table doubles if no seed of a few will do).
-func hashTables(short []abi.V6Slot, long []abi.V6LongSlot) ([]abi.V6Slot, []abi.V6LongSlot, uint32, uint32, uint64) {
-	sb, lb := tableBits(len(short)), tableBits(len(long))
-	for seed := uint64(0); ; seed++ {
-		if seed%8 == 7 { // unlucky with every seed so far: more room
-			sb, lb = sb+1, lb+1
-		}
-		st, ok1 := place(short, sb, func(s abi.V6Slot) uint64 { return hash(s.Key, 0, s.Len, seed) })
-		if !ok1 {
-			continue
-		}
-		lt, ok2 := place(long, lb, func(s abi.V6LongSlot) uint64 { return hash(s.Hi, s.Lo, s.Len, seed) })
-		if ok2 {
-			return st, lt, sb, lb, seed
-		}
-	}
-}
-
-func tableBits(n int) uint32 {
-	if n == 0 {
-		return 1
-	}
-	return uint32(max(1, bits.Len(uint(2*n-1))))
-}
-
-// place puts every slot at its home (the top bits of its hash) or the next
-// free one, failing when one lands V6_MAX_PROBE or more slots away.
-func place[S abi.V6Slot | abi.V6LongSlot](slots []S, tbits uint32, h func(S) uint64) ([]S, bool) {
-	table := make([]S, 1<<tbits)
-	mask := uint64(len(table) - 1)
-	used := make([]bool, len(table))
-	for _, s := range slots {
-		home := h(s) >> (64 - tbits)
-		k := uint64(0)
-		for ; used[(home+k)&mask]; k++ {
-			if k+1 >= abi.V6MaxProbe {
-				return nil, false
-			}
-		}
-		table[(home+k)&mask] = s
-		used[(home+k)&mask] = true
-	}
-	return table, true
+	h = (h ^ h>>29) * 0xbf58476d1ce4e5b9
+	return uint32(h ^ h>>32)
 }
 
 func key6(p netip.Prefix) abi.LPMKeyV6 {

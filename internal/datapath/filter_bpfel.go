@@ -22,12 +22,10 @@ const (
 	filterMapOverlayV4       = "overlay_v4"
 	filterMapOverlayV6       = "overlay_v6"
 	filterMapV4Bitmaps       = "v4_bitmaps"
-	filterMapV4Dir           = "v4_dir"
-	filterMapV4Entries       = "v4_entries"
+	filterMapV4Blocks        = "v4_blocks"
 	filterMapV4Tbl8s         = "v4_tbl8s"
-	filterMapV6Dir           = "v6_dir"
+	filterMapV6Blocks        = "v6_blocks"
 	filterMapV6Long          = "v6_long"
-	filterMapV6Nodes         = "v6_nodes"
 	filterMapV6Short         = "v6_short"
 	filterProgRampartTc      = "rampart_tc"
 	filterProgRampartXdp     = "rampart_xdp"
@@ -39,9 +37,15 @@ const (
 	filterVarRuleCount       = "rule_count"
 	filterVarRules           = "rules"
 	filterVarUnparsedAction  = "unparsed_action"
-	filterVarV6LongBits      = "v6_long_bits"
-	filterVarV6Seed          = "v6_seed"
-	filterVarV6ShortBits     = "v6_short_bits"
+	filterVarV4BlockMul      = "v4_block_mul"
+	filterVarV4Buckets       = "v4_buckets"
+	filterVarV6BlockMul      = "v6_block_mul"
+	filterVarV6Buckets       = "v6_buckets"
+	filterVarV6HotLen        = "v6_hot_len"
+	filterVarV6LongBuckets   = "v6_long_buckets"
+	filterVarV6LongMul       = "v6_long_mul"
+	filterVarV6ShortBuckets  = "v6_short_buckets"
+	filterVarV6ShortMul      = "v6_short_mul"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -100,12 +104,10 @@ type filterMapSpecs struct {
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
-	V4Dir          *ebpf.MapSpec `ebpf:"v4_dir"`
-	V4Entries      *ebpf.MapSpec `ebpf:"v4_entries"`
+	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
-	V6Dir          *ebpf.MapSpec `ebpf:"v6_dir"`
+	V6Blocks       *ebpf.MapSpec `ebpf:"v6_blocks"`
 	V6Long         *ebpf.MapSpec `ebpf:"v6_long"`
-	V6Nodes        *ebpf.MapSpec `ebpf:"v6_nodes"`
 	V6Short        *ebpf.MapSpec `ebpf:"v6_short"`
 }
 
@@ -121,9 +123,15 @@ type filterVariableSpecs struct {
 	RuleCount       *ebpf.VariableSpec `ebpf:"rule_count"`
 	Rules           *ebpf.VariableSpec `ebpf:"rules"`
 	UnparsedAction  *ebpf.VariableSpec `ebpf:"unparsed_action"`
-	V6LongBits      *ebpf.VariableSpec `ebpf:"v6_long_bits"`
-	V6Seed          *ebpf.VariableSpec `ebpf:"v6_seed"`
-	V6ShortBits     *ebpf.VariableSpec `ebpf:"v6_short_bits"`
+	V4BlockMul      *ebpf.VariableSpec `ebpf:"v4_block_mul"`
+	V4Buckets       *ebpf.VariableSpec `ebpf:"v4_buckets"`
+	V6BlockMul      *ebpf.VariableSpec `ebpf:"v6_block_mul"`
+	V6Buckets       *ebpf.VariableSpec `ebpf:"v6_buckets"`
+	V6HotLen        *ebpf.VariableSpec `ebpf:"v6_hot_len"`
+	V6LongBuckets   *ebpf.VariableSpec `ebpf:"v6_long_buckets"`
+	V6LongMul       *ebpf.VariableSpec `ebpf:"v6_long_mul"`
+	V6ShortBuckets  *ebpf.VariableSpec `ebpf:"v6_short_buckets"`
+	V6ShortMul      *ebpf.VariableSpec `ebpf:"v6_short_mul"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -152,12 +160,10 @@ type filterMaps struct {
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
-	V4Dir          *ebpf.Map `ebpf:"v4_dir"`
-	V4Entries      *ebpf.Map `ebpf:"v4_entries"`
+	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
-	V6Dir          *ebpf.Map `ebpf:"v6_dir"`
+	V6Blocks       *ebpf.Map `ebpf:"v6_blocks"`
 	V6Long         *ebpf.Map `ebpf:"v6_long"`
-	V6Nodes        *ebpf.Map `ebpf:"v6_nodes"`
 	V6Short        *ebpf.Map `ebpf:"v6_short"`
 }
 
@@ -169,12 +175,10 @@ func (m *filterMaps) Close() error {
 		m.OverlayV4,
 		m.OverlayV6,
 		m.V4Bitmaps,
-		m.V4Dir,
-		m.V4Entries,
+		m.V4Blocks,
 		m.V4Tbl8s,
-		m.V6Dir,
+		m.V6Blocks,
 		m.V6Long,
-		m.V6Nodes,
 		m.V6Short,
 	)
 }
@@ -191,9 +195,15 @@ type filterVariables struct {
 	RuleCount       *ebpf.Variable `ebpf:"rule_count"`
 	Rules           *ebpf.Variable `ebpf:"rules"`
 	UnparsedAction  *ebpf.Variable `ebpf:"unparsed_action"`
-	V6LongBits      *ebpf.Variable `ebpf:"v6_long_bits"`
-	V6Seed          *ebpf.Variable `ebpf:"v6_seed"`
-	V6ShortBits     *ebpf.Variable `ebpf:"v6_short_bits"`
+	V4BlockMul      *ebpf.Variable `ebpf:"v4_block_mul"`
+	V4Buckets       *ebpf.Variable `ebpf:"v4_buckets"`
+	V6BlockMul      *ebpf.Variable `ebpf:"v6_block_mul"`
+	V6Buckets       *ebpf.Variable `ebpf:"v6_buckets"`
+	V6HotLen        *ebpf.Variable `ebpf:"v6_hot_len"`
+	V6LongBuckets   *ebpf.Variable `ebpf:"v6_long_buckets"`
+	V6LongMul       *ebpf.Variable `ebpf:"v6_long_mul"`
+	V6ShortBuckets  *ebpf.Variable `ebpf:"v6_short_buckets"`
+	V6ShortMul      *ebpf.Variable `ebpf:"v6_short_mul"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

@@ -155,9 +155,11 @@ func TestBigListsDifferential(t *testing.T) {
 	b := newBigLists(rng, n)
 	img := compile.Build(b.pol)
 	inline := 0
-	for _, e := range img.V4Entries {
-		if e>>abi.V4ETypeShift == abi.V4EInline {
-			inline++
+	for _, b := range img.V4Blocks {
+		for _, s := range b.Slot {
+			if s.Key != 0 && s.Entry>>abi.V4ETypeShift == abi.V4EInline {
+				inline++
+			}
 		}
 	}
 	if inline == 0 || len(img.V4Bitmaps) == 0 || len(img.V4Tbl8s) == 0 || len(img.V6Short) == 0 || len(img.V6Long) == 0 {

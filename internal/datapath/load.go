@@ -87,7 +87,9 @@ func Load(img *compile.Image) (*Objects, error) {
 		}
 	}
 	m := &specs.filterMapSpecs
-	ts := TableSpecs{m.V4Dir, m.V4Entries, m.V4Bitmaps, m.V4Tbl8s, m.V6Dir, m.V6Nodes, m.V6Short, m.V6Long, m.Classes, v.V6ShortBits, v.V6LongBits, v.V6Seed}
+	ts := TableSpecs{V4Blocks: m.V4Blocks, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
+		Classes: m.Classes, V4Buckets: v.V4Buckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V6BlockMul: v.V6BlockMul,
+		V6ShortBuckets: v.V6ShortBuckets, V6LongBuckets: v.V6LongBuckets, V6ShortMul: v.V6ShortMul, V6LongMul: v.V6LongMul, V6HotLen: v.V6HotLen}
 	if err := ts.Size(&img.Tables); err != nil {
 		return nil, err
 	}
@@ -113,7 +115,8 @@ func loadError(err error) error {
 }
 
 func (o *Objects) tables() TableMaps {
-	return TableMaps{o.V4Dir, o.V4Entries, o.V4Bitmaps, o.V4Tbl8s, o.V6Dir, o.V6Nodes, o.V6Short, o.V6Long, o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries}
+	return TableMaps{V4Blocks: o.V4Blocks, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
+		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
 }
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
@@ -140,8 +143,8 @@ type pinned struct {
 func (o *Objects) all() []pinned {
 	return []pinned{
 		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterMapCounters, o.Counters},
-		{filterMapV4Dir, o.V4Dir}, {filterMapV4Entries, o.V4Entries}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
-		{filterMapV6Dir, o.V6Dir}, {filterMapV6Nodes, o.V6Nodes}, {filterMapV6Short, o.V6Short}, {filterMapV6Long, o.V6Long},
+		{filterMapV4Blocks, o.V4Blocks}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
+		{filterMapV6Blocks, o.V6Blocks}, {filterMapV6Short, o.V6Short}, {filterMapV6Long, o.V6Long},
 		{filterMapClasses, o.Classes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
 		{filterMapOverlayEntries, o.OverlayEntries},
 	}
@@ -181,8 +184,8 @@ func LoadPinned(dir string) (*Objects, error) {
 		return x
 	}
 	o.RampartXdp, o.RampartTc, o.Counters = prog(filterProgRampartXdp), prog(filterProgRampartTc), m(filterMapCounters)
-	o.V4Dir, o.V4Entries, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Dir), m(filterMapV4Entries), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
-	o.V6Dir, o.V6Nodes, o.V6Short, o.V6Long = m(filterMapV6Dir), m(filterMapV6Nodes), m(filterMapV6Short), m(filterMapV6Long)
+	o.V4Blocks, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Blocks), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
+	o.V6Blocks, o.V6Short, o.V6Long = m(filterMapV6Blocks), m(filterMapV6Short), m(filterMapV6Long)
 	o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries = m(filterMapClasses), m(filterMapOverlayV4), m(filterMapOverlayV6), m(filterMapOverlayEntries)
 	if err != nil {
 		o.Close()

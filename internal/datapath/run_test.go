@@ -116,3 +116,20 @@ func TestFeaturesHere(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLoadShapes loads policies that leave different parts of the program
+// dead for the verifier (no rules, no lists, lists of one family, source
+// or destination only): the kernel removes dead code before the JIT, and a
+// callback it removed while something still referred to it failed the
+// load ("No program to jit").
+func TestLoadShapes(t *testing.T) {
+	for _, yaml := range []string{
+		"rules: []\n",
+		"rules:\n  - {name: r, proto: udp, action: drop}\n",
+		"lists:\n  a: {prefixes: [10.0.0.0/8]}\nrules:\n  - {name: r, src: a, action: drop}\n",
+		"lists:\n  a: {prefixes: [\"2001:db8::/32\"]}\nrules:\n  - {name: r, dst: a, action: drop}\n",
+		"lists:\n  a: {prefixes: [10.0.0.1, \"2001:db8::1\"]}\nrules:\n  - {name: r, src: a, action: drop}\n  - {name: s, dst: a, action: drop}\n",
+	} {
+		load(t, datapath.KindXDP, yaml)
+	}
+}

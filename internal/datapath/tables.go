@@ -16,29 +16,32 @@ import (
 // TableSpecs are the prefix-list maps and variables of bpf/lists.h before
 // load, in any object built over it (the filter, the lookup benchmark).
 type TableSpecs struct {
-	V4Dir, V4Entries, V4Bitmaps, V4Tbl8s, V6Dir, V6Nodes, V6Short, V6Long, Classes *ebpf.MapSpec
-	V6ShortBits, V6LongBits, V6Seed                                                *ebpf.VariableSpec
+	V4Blocks, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes                                             *ebpf.MapSpec
+	V4Buckets, V6Buckets, V6ShortBuckets, V6LongBuckets, V4BlockMul, V6BlockMul, V6ShortMul, V6LongMul, V6HotLen *ebpf.VariableSpec
 }
 
-// Size sets every table to its contents, and the hash tables' parameters.
+// Size sets every table to its contents, and the hashes' parameters.
 func (s *TableSpecs) Size(t *compile.Tables) error {
 	for _, m := range []struct {
 		spec *ebpf.MapSpec
 		n    int
 	}{
-		{s.V4Dir, len(t.V4Dir)}, {s.V4Entries, len(t.V4Entries)}, {s.V4Bitmaps, len(t.V4Bitmaps)}, {s.V4Tbl8s, len(t.V4Tbl8s)},
-		{s.V6Dir, len(t.V6Dir)}, {s.V6Nodes, len(t.V6Nodes)}, {s.V6Short, len(t.V6Short)}, {s.V6Long, len(t.V6Long)},
-		{s.Classes, len(t.Classes)},
+		{s.V4Blocks, len(t.V4Blocks)}, {s.V4Bitmaps, len(t.V4Bitmaps)}, {s.V4Tbl8s, len(t.V4Tbl8s)},
+		{s.V6Blocks, len(t.V6Blocks)}, {s.V6Short, len(t.V6Short)}, {s.V6Long, len(t.V6Long)}, {s.Classes, len(t.Classes)},
 	} {
 		m.spec.MaxEntries = uint32(max(1, m.n))
 	}
-	return errors.Join(s.V6ShortBits.Set(max(1, t.V6ShortBits)), s.V6LongBits.Set(max(1, t.V6LongBits)), s.V6Seed.Set(t.V6Seed))
+	buckets := func(n int) uint32 { return uint32(max(1, n)) }
+	return errors.Join(s.V4Buckets.Set(buckets(len(t.V4Blocks))), s.V6Buckets.Set(buckets(len(t.V6Blocks))),
+		s.V6ShortBuckets.Set(buckets(len(t.V6Short))), s.V6LongBuckets.Set(buckets(len(t.V6Long))),
+		s.V4BlockMul.Set(t.V4BlockMul), s.V6BlockMul.Set(t.V6BlockMul), s.V6ShortMul.Set(t.V6ShortMul), s.V6LongMul.Set(t.V6LongMul),
+		s.V6HotLen.Set(t.V6HotLen))
 }
 
 // TableMaps are the prefix-list maps of bpf/lists.h once loaded.
 type TableMaps struct {
-	V4Dir, V4Entries, V4Bitmaps, V4Tbl8s, V6Dir, V6Nodes, V6Short, V6Long, Classes *ebpf.Map
-	OverlayV4, OverlayV6, OverlayEntries                                           *ebpf.Map
+	V4Blocks, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.Map
+	OverlayV4, OverlayV6, OverlayEntries                             *ebpf.Map
 }
 
 // Fill writes the tables into maps sized by TableSpecs.Size.
@@ -47,9 +50,9 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 		m    *ebpf.Map
 		data []byte
 	}{
-		{m.V4Dir, unsafeBytes(t.V4Dir)}, {m.V4Entries, unsafeBytes(t.V4Entries)}, {m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)},
-		{m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)}, {m.V6Dir, unsafeBytes(t.V6Dir)}, {m.V6Nodes, unsafeBytes(t.V6Nodes)},
-		{m.V6Short, unsafeBytes(t.V6Short)}, {m.V6Long, unsafeBytes(t.V6Long)}, {m.Classes, unsafeBytes(t.Classes)},
+		{m.V4Blocks, unsafeBytes(t.V4Blocks)}, {m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)}, {m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)},
+		{m.V6Blocks, unsafeBytes(t.V6Blocks)}, {m.V6Short, unsafeBytes(t.V6Short)}, {m.V6Long, unsafeBytes(t.V6Long)},
+		{m.Classes, unsafeBytes(t.Classes)},
 	} {
 		if err := writeArray(a.m, a.data); err != nil {
 			return err
@@ -61,7 +64,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 // Memlock is the kernel memory the tables account for.
 func (m TableMaps) Memlock() uint64 {
 	var n uint64
-	for _, x := range []*ebpf.Map{m.V4Dir, m.V4Entries, m.V4Bitmaps, m.V4Tbl8s, m.V6Dir, m.V6Nodes, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
+	for _, x := range []*ebpf.Map{m.V4Blocks, m.V4Bitmaps, m.V4Tbl8s, m.V6Blocks, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
 		n += Memlock(x)
 	}
 	return n

@@ -29,14 +29,18 @@ var structs = []struct{ c, goName string }{
 	{"overlay", "Overlay"},
 	{"v4_bitmap", "V4Bitmap"},
 	{"v4_tbl8", "V4Tbl8"},
-	{"dir_node", "DirNode"},
-	{"v6_node", "V6Node"},
+	{"v4_block", "V4Block"},
+	{"v4_bucket", "V4Bucket"},
+	{"v6_block", "V6Block"},
+	{"v6_bucket", "V6Bucket"},
 	{"v6_slot", "V6Slot"},
 	{"v6_long_slot", "V6LongSlot"},
+	{"v6_short_bucket", "V6ShortBucket"},
+	{"v6_long_bucket", "V6LongBucket"},
 }
 
 // The enums whose values become untyped constants.
-var enums = []string{"limits", "slot", "action", "match_field", "v4_entry", "v6_table"}
+var enums = []string{"limits", "slot", "action", "match_field", "cuckoo", "v4_entry", "v6_table"}
 
 func main() {
 	out := flag.String("o", "abi_gen.go", "output file")
