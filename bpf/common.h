@@ -70,17 +70,20 @@ struct counter {
  * class's mask of lists (classes[]).
  *
  * Blocks are the /24s of IPv4 (and the top 24 bits of IPv6) that hold
- * anything; IPv6 prefixes longer than /24 are keyed by length and address.
- * Both sit in bucketized cuckoo hashes: a key is in one of two 64-byte
- * buckets, both computed from a 32-bit digest of the key, so a lookup reads
- * the two cache lines at once and waits for one miss, not a chain
- * (bucket_index() in lists.h and Go's compile.bucketIndex must agree). An
- * empty slot has key (blocks) or len (prefixes) 0. */
+ * anything; IPv4 /16s wholly in one class are one wide block instead of
+ * 256; IPv6 prefixes longer than /24 are keyed by length and address. All
+ * sit in bucketized cuckoo hashes: a key is in one of two 64-byte buckets,
+ * the first anywhere and the second in the same 4 KiB page, both computed
+ * from a 32-bit digest of the key, so a lookup reads the two cache lines at
+ * once and pays at most one TLB miss and waits for one cache miss, not a
+ * chain (lists.h's bucket functions and Go's compile package must agree).
+ * An empty slot has key (blocks) or len (prefixes) 0. */
 enum cuckoo {
 	V4_BLOCK_SLOTS = 4, /* struct v4_block per bucket */
 	V6_BLOCK_SLOTS = 2, /* struct v6_block per bucket */
 	V6_SHORT_SLOTS = 4, /* struct v6_slot per bucket */
 	V6_LONG_SLOTS = 2,  /* struct v6_long_slot per bucket */
+	PAGE_BUCKETS = 64,  /* buckets per 4 KiB page; tables hold whole pages */
 };
 
 /* IPv4: a block's entry. Its top two bits say what the rest is:

@@ -193,3 +193,59 @@ int lab_sock_drop(struct __sk_buff *skb)
 	count_drop();
 	return 0;
 }
+
+/* The study's eBPF filter by list: the source looked up in the kernel's
+ * LPM trie (filled from Go with the flood's sources), beside the same
+ * destination match as lab_xdp_drop. */
+struct lab_lpm_v4_key {
+	__u32 prefixlen;
+	__u8 addr[4];
+};
+
+struct lab_lpm_v6_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1); /* the list's size, set from Go */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lab_lpm_v4_key);
+	__type(value, __u8);
+} lab_lpm_v4 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct lab_lpm_v6_key);
+	__type(value, __u8);
+} lab_lpm_v6 SEC(".maps");
+
+SEC("xdp")
+int lab_xdp_lpm(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	if (!flood_match(data, data_end))
+		return XDP_PASS;
+	__u8 *ip = data + ETH_LEN;
+	void *hit;
+	if (gen_family == 4) {
+		struct lab_lpm_v4_key k = {.prefixlen = 32};
+		if ((void *)(ip + IP4_LEN) > data_end)
+			return XDP_PASS;
+		__builtin_memcpy(k.addr, ip + 12, 4);
+		hit = bpf_map_lookup_elem(&lab_lpm_v4, &k);
+	} else {
+		struct lab_lpm_v6_key k = {.prefixlen = 128};
+		if ((void *)(ip + IP6_LEN) > data_end)
+			return XDP_PASS;
+		__builtin_memcpy(k.addr, ip + 8, 16);
+		hit = bpf_map_lookup_elem(&lab_lpm_v6, &k);
+	}
+	if (!hit)
+		return XDP_PASS;
+	count_drop();
+	return XDP_DROP;
+}

@@ -8,11 +8,13 @@
 #include "common.h"
 
 /* The cuckoo tables' buckets and the multipliers of their two hashes. */
-volatile const __u32 v4_buckets = 1;
-volatile const __u32 v6_buckets = 1;
-volatile const __u32 v6_short_buckets = 1;
-volatile const __u32 v6_long_buckets = 1;
+volatile const __u32 v4_buckets = PAGE_BUCKETS;
+volatile const __u32 v4_wide_buckets = PAGE_BUCKETS;
+volatile const __u32 v6_buckets = PAGE_BUCKETS;
+volatile const __u32 v6_short_buckets = PAGE_BUCKETS;
+volatile const __u32 v6_long_buckets = PAGE_BUCKETS;
 volatile const __u64 v4_block_mul[2] = {1, 1};
+volatile const __u64 v4_wide_mul[2] = {1, 1};
 volatile const __u64 v6_block_mul[2] = {1, 1};
 volatile const __u64 v6_short_mul[2] = {1, 1};
 volatile const __u64 v6_long_mul[2] = {1, 1};
@@ -31,6 +33,7 @@ volatile const __u32 v6_hot_len = 0;
 	} name SEC(".maps")
 
 TABLE(v4_blocks, struct v4_bucket);
+TABLE(v4_wide, struct v4_bucket);
 TABLE(v4_bitmaps, struct v4_bitmap);
 TABLE(v4_tbl8s, struct v4_tbl8);
 TABLE(v6_blocks, struct v6_bucket);
@@ -64,22 +67,29 @@ struct {
 	__type(value, __u32);
 } overlay_entries SEC(".maps");
 
-/* One of a key's two buckets: multiply-shift, then a range reduction. */
-static __always_inline __u32 bucket_index(__u32 digest, __u64 mul, __u32 buckets)
+/* A key's first bucket: multiply-shift, then a range reduction. */
+static __always_inline __u32 first_bucket(__u32 digest, __u64 mul, __u32 buckets)
 {
 	return (((__u64)digest * mul) >> 32) * buckets >> 32;
+}
+
+/* Its second, in the first's page. */
+static __always_inline __u32 second_bucket(__u32 first, __u32 digest, __u64 mul)
+{
+	return (first & ~(__u32)(PAGE_BUCKETS - 1)) | (((__u64)digest * mul) >> 58);
 }
 
 #define SLOTS(b) (sizeof((b)->slot) / sizeof((b)->slot[0]))
 
 /* The slot s_ of a cuckoo table for which match holds, or NULL. The second
  * bucket is read before the first is compared, so that the two reads
- * overlap whatever the branch predictor guesses. */
+ * overlap whatever the branch predictor guesses. (A second bucket past a
+ * table's end cannot be: tables hold whole pages.) */
 #define CUCKOO_FIND(table, buckets, mul, digest, match)                         \
 	({                                                                      \
 		__u32 d_ = (digest);                                            \
-		__u32 i_ = bucket_index(d_, (mul)[0], buckets);                 \
-		__u32 j_ = bucket_index(d_, (mul)[1], buckets);                 \
+		__u32 i_ = first_bucket(d_, (mul)[0], buckets);                 \
+		__u32 j_ = second_bucket(i_, d_, (mul)[1]);                     \
 		typeof(*table.value) *x_ = bpf_map_lookup_elem(&table, &i_);    \
 		typeof(*table.value) *y_ = bpf_map_lookup_elem(&table, &j_);    \
 		typeof(&x_->slot[0]) found_ = 0;                                \
@@ -103,10 +113,12 @@ static __always_inline __u32 bucket_index(__u32 digest, __u64 mul, __u32 buckets
 static __always_inline __u32 v4_class(const __u8 *addr)
 {
 	__u32 a = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
-	__u32 key = (a >> 8) + 1;
+	__u32 key = (a >> 8) + 1, wkey = (a >> 16) + 1;
 	struct v4_block *b = CUCKOO_FIND(v4_blocks, v4_buckets, v4_block_mul, key, s_->key == key);
+	/* Read beside the block's buckets: a /16 wholly in one class. */
+	struct v4_block *w = CUCKOO_FIND(v4_wide, v4_wide_buckets, v4_wide_mul, wkey, s_->key == wkey);
 	if (!b)
-		return 0;
+		return w ? (__u32)w->entry : 0;
 	__u64 e = b->entry;
 	__u32 lo = a & 0xff;
 	switch (e >> V4E_TYPE_SHIFT) {

@@ -170,6 +170,7 @@ const (
 	V6BlockSlots = 2
 	V6ShortSlots = 4
 	V6LongSlots  = 2
+	PageBuckets  = 64
 )
 
 // enum v4_entry

@@ -37,6 +37,7 @@ const (
 	benchMapV4Bitmaps      = "v4_bitmaps"
 	benchMapV4Blocks       = "v4_blocks"
 	benchMapV4Tbl8s        = "v4_tbl8s"
+	benchMapV4Wide         = "v4_wide"
 	benchMapV6Blocks       = "v6_blocks"
 	benchMapV6Long         = "v6_long"
 	benchMapV6Short        = "v6_short"
@@ -50,6 +51,8 @@ const (
 	benchVarStructure      = "structure"
 	benchVarV4BlockMul     = "v4_block_mul"
 	benchVarV4Buckets      = "v4_buckets"
+	benchVarV4WideBuckets  = "v4_wide_buckets"
+	benchVarV4WideMul      = "v4_wide_mul"
 	benchVarV6BlockMul     = "v6_block_mul"
 	benchVarV6Buckets      = "v6_buckets"
 	benchVarV6HotLen       = "v6_hot_len"
@@ -122,6 +125,7 @@ type benchMapSpecs struct {
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
+	V4Wide         *ebpf.MapSpec `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.MapSpec `ebpf:"v6_blocks"`
 	V6Long         *ebpf.MapSpec `ebpf:"v6_long"`
 	V6Short        *ebpf.MapSpec `ebpf:"v6_short"`
@@ -138,6 +142,8 @@ type benchVariableSpecs struct {
 	Structure      *ebpf.VariableSpec `ebpf:"structure"`
 	V4BlockMul     *ebpf.VariableSpec `ebpf:"v4_block_mul"`
 	V4Buckets      *ebpf.VariableSpec `ebpf:"v4_buckets"`
+	V4WideBuckets  *ebpf.VariableSpec `ebpf:"v4_wide_buckets"`
+	V4WideMul      *ebpf.VariableSpec `ebpf:"v4_wide_mul"`
 	V6BlockMul     *ebpf.VariableSpec `ebpf:"v6_block_mul"`
 	V6Buckets      *ebpf.VariableSpec `ebpf:"v6_buckets"`
 	V6HotLen       *ebpf.VariableSpec `ebpf:"v6_hot_len"`
@@ -179,6 +185,7 @@ type benchMaps struct {
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
+	V4Wide         *ebpf.Map `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.Map `ebpf:"v6_blocks"`
 	V6Long         *ebpf.Map `ebpf:"v6_long"`
 	V6Short        *ebpf.Map `ebpf:"v6_short"`
@@ -198,6 +205,7 @@ func (m *benchMaps) Close() error {
 		m.V4Bitmaps,
 		m.V4Blocks,
 		m.V4Tbl8s,
+		m.V4Wide,
 		m.V6Blocks,
 		m.V6Long,
 		m.V6Short,
@@ -215,6 +223,8 @@ type benchVariables struct {
 	Structure      *ebpf.Variable `ebpf:"structure"`
 	V4BlockMul     *ebpf.Variable `ebpf:"v4_block_mul"`
 	V4Buckets      *ebpf.Variable `ebpf:"v4_buckets"`
+	V4WideBuckets  *ebpf.Variable `ebpf:"v4_wide_buckets"`
+	V4WideMul      *ebpf.Variable `ebpf:"v4_wide_mul"`
 	V6BlockMul     *ebpf.Variable `ebpf:"v6_block_mul"`
 	V6Buckets      *ebpf.Variable `ebpf:"v6_buckets"`
 	V6HotLen       *ebpf.Variable `ebpf:"v6_hot_len"`

@@ -285,8 +285,8 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
 		}
 	}
-	ts := datapath.TableSpecs{V4Blocks: m.V4Blocks, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
-		Classes: m.Classes, V4Buckets: v.V4Buckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V6BlockMul: v.V6BlockMul,
+	ts := datapath.TableSpecs{V4Blocks: m.V4Blocks, V4Wide: m.V4Wide, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
+		Classes: m.Classes, V4Buckets: v.V4Buckets, V4WideBuckets: v.V4WideBuckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V4WideMul: v.V4WideMul, V6BlockMul: v.V6BlockMul,
 		V6ShortBuckets: v.V6ShortBuckets, V6LongBuckets: v.V6LongBuckets, V6ShortMul: v.V6ShortMul, V6LongMul: v.V6LongMul, V6HotLen: v.V6HotLen}
 	if err := ts.Size(t); err != nil {
 		return nil, err
@@ -312,7 +312,7 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 }
 
 func tableMaps(o *benchObjects) datapath.TableMaps {
-	return datapath.TableMaps{V4Blocks: o.V4Blocks, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
+	return datapath.TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
 		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
 }
 

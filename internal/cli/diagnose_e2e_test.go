@@ -463,7 +463,7 @@ func TestDiagnoseRxRing(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, err := rampart(t, "lab", "drop", "--family", "4", "--layers", "iptables-raw", "--warmup", "500ms",
-			"--window", "4s", "--repeats", "1", "--sources", "1000", "--out", t.TempDir())
+			"--window", "4s", "--repeats", "1", "--list-size", "1000", "--out", t.TempDir())
 		done <- err
 	}()
 	prefix := fmt.Sprintf("%s%d-", lab.NetnsPrefix, os.Getpid())

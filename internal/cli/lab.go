@@ -36,16 +36,19 @@ func labDropCmd(g *globals) *cobra.Command {
 		repeats, sources int
 	)
 	c := &cobra.Command{
-		Use:   "drop [--quick] [--layers a,b,...] [--family 4|6|both] [--out DIR]",
+		Use:   "drop [--quick] [--layers a,b,...] [--family 4|6|both] [--list-size N] [--out DIR]",
 		Short: "How many packets per second each layer of the stack drops, rampart beside them",
 		Long: `drop floods a veth pair between two network namespaces of its own with an
 in-kernel generator (BPF_PROG_RUN in live-frames mode: random sources and
 ports, one flow per packet, as in the study) and measures, layer by layer,
 how fast the receiving CPU drops it: ` + strings.Join(lab.LayerNames(), ", ") + `.
 
-The rampart layer applies a real policy whose blocklist holds the flood's
-sources (1M prefixes). Each layer is set up fresh and torn down after; the
-namespaces, links, pins and rules go away also on Ctrl-C or failure.
+The list-based layers (ipset, nft-set, xdp-lpm, xdp-filter, rampart) drop
+by a list of the flood's own sources (--list-size, 1M by default), each
+loaded with the same list; their set-up time, list loaded, is reported.
+rampart applies a real policy. Each layer is set up fresh and torn down
+after; the namespaces, links, pins, sets and rules go away also on Ctrl-C
+or failure.
 
 It writes drop.json, drop.csv, drop.png and drop.svg (log-scale bar chart)
 to --out and prints a table with the study's numbers beside the run's.`,
@@ -139,7 +142,9 @@ to --out and prints a table with the study's numbers beside the run's.`,
 	fl.DurationVar(&warmup, "warmup", lab.Full.Warmup, "flood time before the first window")
 	fl.DurationVar(&window, "window", lab.Full.Window, "length of one measurement window")
 	fl.IntVar(&repeats, "repeats", lab.Full.Repeats, "windows per layer (the report gives median and min-max)")
-	fl.IntVar(&sources, "sources", lab.DefaultSources, "flood sources per family, which the rampart layer's blocklist lists")
+	fl.IntVar(&sources, "list-size", lab.DefaultSources, "flood sources per family, the list the list-based layers load")
+	fl.IntVar(&sources, "sources", lab.DefaultSources, "")
+	fl.MarkDeprecated("sources", "use --list-size")
 	fl.StringVar(&src4, "src4", lab.DefaultSrc4.String(), "range the IPv4 flood's sources are drawn from")
 	fl.StringVar(&src6, "src6", lab.DefaultSrc6.String(), "range the IPv6 flood's sources are drawn from (one /64 each)")
 	return c

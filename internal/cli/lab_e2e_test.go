@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +26,7 @@ type labResult struct {
 	MPPSMin        *float64 `json:"mpps_min"`
 	MPPSMax        *float64 `json:"mpps_max"`
 	OfferedMPPS    *float64 `json:"offered_mpps"`
+	SetupSeconds   *float64 `json:"setup_seconds"`
 	CPUBusy        *float64 `json:"cpu_busy"`
 	NsPerPacket    *float64 `json:"ns_per_packet"`
 	GeneratorBound *bool    `json:"generator_bound"`
@@ -42,6 +44,7 @@ func hostState(t *testing.T) map[string]string {
 		"nft":      {"nft", "list", "ruleset"},
 		"iptables": {"iptables-save"}, "ip6tables": {"ip6tables-save"},
 		"iptables-legacy": {"iptables-legacy-save"}, "ip6tables-legacy": {"ip6tables-legacy-save"},
+		"ipset": {"ipset", "list", "-n"},
 	}
 	for name, c := range cmds {
 		if _, err := exec.LookPath(c[0]); err != nil {
@@ -62,6 +65,8 @@ func hostState(t *testing.T) map[string]string {
 	// commands under the package's (TestMain); the host's are not touched.
 	labPins, _ := filepath.Glob(lab.PinRootPrefix + "*")
 	s["lab pins"] = strings.Join(labPins, "\n")
+	_, err := os.Stat("/sys/fs/bpf/xdp-filter")
+	s["xdp-filter pins"] = fmt.Sprint(err == nil)
 	for _, root := range []string{os.Getenv("RAMPART_PIN_ROOT"), os.Getenv("RAMPART_STATE_ROOT"), engine.DefaultPinRoot, engine.DefaultStateRoot} {
 		var names []string
 		filepath.WalkDir(root, func(p string, _ os.DirEntry, _ error) error {
@@ -99,7 +104,7 @@ func TestLabDrop(t *testing.T) {
 		Checks      []map[string]any `json:"checks"`
 	}
 	jsonOf(t, &rep, "lab", "drop", "--quick", "--warmup", "300ms", "--window", "400ms",
-		"--layers", "iptables-raw,xdp-native,rampart", "--family", "4", "--sources", "100000", "--out", out)
+		"--layers", "iptables-raw,xdp-native,rampart", "--family", "4", "--list-size", "100000", "--out", out)
 	if len(rep.Results) != 3 {
 		t.Fatalf("want 3 results, got %+v", rep.Results)
 	}
@@ -137,12 +142,54 @@ func TestLabDrop(t *testing.T) {
 	assertUnchanged(t, before)
 }
 
+// TestLabDropListPeers runs the list-based layers with one list: every
+// peer's row for both families (xdp-filter's IPv6 row skipped, saying why),
+// their set-up times and counters, the comparison with the best peer, and
+// nothing left behind: sets, tables, xdp-filter's pins.
+func TestLabDropListPeers(t *testing.T) {
+	testutil.Privileged(t)
+	before := hostState(t)
+	var rep struct {
+		Results []labResult      `json:"results"`
+		Checks  []map[string]any `json:"checks"`
+	}
+	jsonOf(t, &rep, "lab", "drop", "--quick", "--warmup", "300ms", "--window", "400ms", "--repeats", "1",
+		"--layers", "ipset,nft-set,xdp-lpm,xdp-filter,rampart", "--family", "both", "--list-size", "5000", "--out", t.TempDir())
+	if len(rep.Results) != 10 {
+		t.Fatalf("want 10 results, got %+v", rep.Results)
+	}
+	for _, r := range rep.Results {
+		if r.Layer == "xdp-filter" && r.Family == 6 {
+			if r.Status != "skipped" || !strings.Contains(r.Reason, "exact addresses") {
+				t.Errorf("xdp-filter IPv6: %+v", r)
+			}
+			continue
+		}
+		if r.Status != "ok" || r.Packets == 0 || r.SetupSeconds == nil || *r.SetupSeconds <= 0 || r.NsPerPacket == nil || *r.NsPerPacket <= 0 {
+			t.Errorf("%s IPv%d: %+v (%s)", r.Layer, r.Family, r, r.Reason)
+		}
+		if strings.HasPrefix(r.Layer, "xdp-") && r.Mode != "xdp-native" {
+			t.Errorf("%s IPv%d ran in mode %q", r.Layer, r.Family, r.Mode)
+		}
+	}
+	peerChecks := 0
+	for _, c := range rep.Checks {
+		if strings.Contains(fmt.Sprint(c["name"]), "best list peer") {
+			peerChecks++
+		}
+	}
+	if peerChecks != 2 {
+		t.Errorf("want the best-list-peer check for both families: %+v", rep.Checks)
+	}
+	assertUnchanged(t, before)
+}
+
 // TestLabDropInterrupted: Ctrl-C while the rampart layer is applied still
 // removes its pins, the namespaces and everything else, and exits non-zero.
 func TestLabDropInterrupted(t *testing.T) {
 	testutil.Privileged(t)
 	before := hostState(t)
-	cmd := exec.Command(os.Args[0], "lab", "drop", "--layers", "rampart", "--family", "4", "--sources", "100000",
+	cmd := exec.Command(os.Args[0], "lab", "drop", "--layers", "rampart", "--family", "4", "--list-size", "100000",
 		"--warmup", "1m", "--out", t.TempDir())
 	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
 	var stderr strings.Builder

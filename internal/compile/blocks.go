@@ -1,13 +1,17 @@
 package compile
 
+import "github.com/rampart-fw/rampart/internal/abi"
+
 // Blocks (the /24s holding anything) and IPv6 prefixes go into bucketized
 // cuckoo hashes (bpf/common.h): each key has two buckets, from two
 // multiply-shift hashes of its 32-bit digest with multipliers derived from a
 // seed, and sits in a free slot of either.
 
-// bucketIndex is bpf/lists.h's bucket_index: the two must agree bit for bit.
-func bucketIndex(key uint32, mul uint64, buckets uint32) uint32 {
-	return uint32((uint64(key) * mul >> 32) * uint64(buckets) >> 32)
+// bucketPair is bpf/lists.h's first_bucket and second_bucket (the two must
+// agree bit for bit): the first anywhere, the second in the first's page.
+func bucketPair(digest uint32, mul [2]uint64, n uint32) [2]uint32 {
+	first := uint32((uint64(digest) * mul[0] >> 32) * uint64(n) >> 32)
+	return [2]uint32{first, first&^(abi.PageBuckets-1) | uint32(uint64(digest)*mul[1]>>58)}
 }
 
 // blockMultipliers derives a seed's two odd multipliers (splitmix64).
@@ -53,8 +57,9 @@ func placeCuckoo(keys []uint32, slots int, load float64) (pos []uint32, buckets 
 	if len(keys) == 0 {
 		return nil, 0, [2]uint64{1, 1}
 	}
-	buckets = uint32(max(1, int(float64(len(keys))/(float64(slots)*load)+1)))
+	pages := uint32(float64(len(keys))/(float64(slots)*load*abi.PageBuckets)) + 1
 	for seed := uint64(1); ; seed++ {
+		buckets = pages * abi.PageBuckets
 		mul = blockMultipliers(seed)
 		if table, ok := cuckoo(keys, slots, buckets, mul, seed); ok {
 			pos = make([]uint32, len(keys))
@@ -65,20 +70,19 @@ func placeCuckoo(keys []uint32, slots int, load float64) (pos []uint32, buckets 
 			}
 			return pos, buckets, mul
 		}
-		buckets += buckets/32 + 1 // unlucky or too full: a little more room
+		pages += pages/32 + 1 // unlucky or a page too full: a little more room
 	}
 }
 
 // cuckoo inserts every key, evicting along a pseudo-random walk; the table
 // holds key index + 1 per slot (0: free).
-func cuckoo(keys []uint32, slots int, buckets uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
-	table := make([]uint32, int(buckets)*slots)
+func cuckoo(keys []uint32, slots int, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
+	table := make([]uint32, int(n)*slots)
 	rng := seed
 	for i := range keys {
 		item := uint32(i + 1)
 		for kick := 0; ; kick++ {
-			k := keys[item-1]
-			b := [2]uint32{bucketIndex(k, mul[0], buckets), bucketIndex(k, mul[1], buckets)}
+			b := bucketPair(keys[item-1], mul, n)
 			if s, ok := freeSlot(table, slots, b[0]); ok {
 				table[s] = item
 				break

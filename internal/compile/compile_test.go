@@ -179,16 +179,16 @@ func TestCuckoo(t *testing.T) {
 	for _, c := range []struct {
 		slots int
 		load  float64
-	}{{4, 0.9}, {2, 0.8}} {
+	}{{4, blockLoad}, {2, pairLoad}} {
 		pos, buckets, mul := placeCuckoo(keys, c.slots, c.load)
-		if float64(len(keys)) < 0.85*c.load*float64(int(buckets)*c.slots) {
+		if buckets%abi.PageBuckets != 0 || float64(len(keys)) < 0.85*c.load*float64(int(buckets)*c.slots) {
 			t.Errorf("%d slots: %d keys in %d buckets", c.slots, len(keys), buckets)
 		}
 		used := map[uint32]bool{}
 		for i, p := range pos {
-			b := p / uint32(c.slots)
-			if used[p] || (b != bucketIndex(keys[i], mul[0], buckets) && b != bucketIndex(keys[i], mul[1], buckets)) {
-				t.Fatalf("key %d at slot %d: taken or not in its buckets", i, p)
+			b, pair := p/uint32(c.slots), bucketPair(keys[i], mul, buckets)
+			if used[p] || (b != pair[0] && b != pair[1]) || pair[0]/abi.PageBuckets != pair[1]/abi.PageBuckets {
+				t.Fatalf("key %d at slot %d: taken, not in its buckets, or its buckets in two pages", i, p)
 			}
 			used[p] = true
 		}

@@ -28,6 +28,8 @@ type Image struct {
 type Tables struct {
 	V4Blocks   []abi.V4Bucket // the cuckoo hash of /24 blocks holding anything
 	V4BlockMul [2]uint64      // its two hashes' multipliers
+	V4Wide     []abi.V4Bucket // the cuckoo hash of /16s wholly in one class
+	V4WideMul  [2]uint64
 	V4Bitmaps  []abi.V4Bitmap
 	V4Tbl8s    []abi.V4Tbl8
 	V6Blocks   []abi.V6Bucket // the same, of the top 24 bits of IPv6
@@ -61,7 +63,7 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	t := &img.Tables
-	for _, part := range []any{t.V4Blocks, t.V4BlockMul, t.V4Bitmaps, t.V4Tbl8s, t.V6Blocks, t.V6BlockMul, t.V6Short, t.V6ShortMul,
+	for _, part := range []any{t.V4Blocks, t.V4BlockMul, t.V4Wide, t.V4WideMul, t.V4Bitmaps, t.V4Tbl8s, t.V6Blocks, t.V6BlockMul, t.V6Short, t.V6ShortMul,
 		t.V6Long, t.V6LongMul, t.V6HotLen, t.Classes} {
 		binary.Write(h, binary.LittleEndian, part)
 	}
@@ -71,7 +73,7 @@ func (img *Image) Hash() string {
 // KernelBytes estimates the kernel memory the tables take once loaded.
 func (t *Tables) KernelBytes() uint64 {
 	const lpmNode = 64
-	return uint64(len(t.V4Blocks)+len(t.V6Blocks))*64 + uint64(len(t.V4Bitmaps))*40 +
+	return uint64(len(t.V4Blocks)+len(t.V4Wide)+len(t.V6Blocks))*64 + uint64(len(t.V4Bitmaps))*40 +
 		uint64(len(t.V4Tbl8s))*512 + uint64(len(t.V6Short)+len(t.V6Long))*64 +
 		uint64(len(t.Classes))*8 + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
 }

@@ -48,8 +48,7 @@ func cuckooFind[B, S any](table []B, mul [2]uint64, digest uint32, name string, 
 		return nil
 	}
 	var found *S
-	for h, m := range mul {
-		i := bucketIndex(digest, m, uint32(len(table)))
+	for h, i := range bucketPair(digest, mul, uint32(len(table))) {
 		if reads != nil {
 			*reads = append(*reads, Read{Table: name, Offset: uint64(i) * 64, Parallel: parallel || h == 1})
 		}
@@ -64,10 +63,14 @@ func cuckooFind[B, S any](table []B, mul [2]uint64, digest uint32, name string, 
 }
 
 func (t *Tables) class4(a uint32, reads *[]Read, read func(string, int, int)) uint32 {
-	key := a>>8 + 1
-	b := cuckooFind(t.V4Blocks, t.V4BlockMul, key, "v4_blocks", reads, false,
-		func(b *abi.V4Bucket) []abi.V4Block { return b.Slot[:] }, func(s *abi.V4Block) bool { return s.Key == key })
+	key, wkey := a>>8+1, a>>16+1
+	slots := func(b *abi.V4Bucket) []abi.V4Block { return b.Slot[:] }
+	b := cuckooFind(t.V4Blocks, t.V4BlockMul, key, "v4_blocks", reads, false, slots, func(s *abi.V4Block) bool { return s.Key == key })
+	w := cuckooFind(t.V4Wide, t.V4WideMul, wkey, "v4_wide", reads, true, slots, func(s *abi.V4Block) bool { return s.Key == wkey })
 	if b == nil {
+		if w != nil {
+			return uint32(w.Entry)
+		}
 		return 0
 	}
 	e, lo := b.Entry, a&0xff

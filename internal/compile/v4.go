@@ -40,7 +40,8 @@ func (c *classes) class(mask uint64) uint32 {
 // of a second class an INLINE entry, the common case of host lists; any
 // other pattern of two classes a bitmap, of more a tbl8. Overlapping and
 // duplicate ranges, nested allow/deny lists and adjacency all come out of
-// the sweep merged. The blocks then go into the cuckoo hash.
+// the sweep merged. A /16 wholly in one class is one wide block. The
+// blocks then go into the cuckoo hashes.
 func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	ranges := 0
 	for _, l := range lists {
@@ -53,9 +54,18 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	b.blocks = make([]abi.V4Block, 0, min(ranges, 1<<16))
 	sweepV4(lists, bits, b.segment)
 	b.flush()
-	t.V4Blocks, t.V4BlockMul = cuckooTable(b.blocks, func(s *abi.V4Block) uint32 { return s.Key }, abi.V4BlockSlots, 0.9,
-		func(b *abi.V4Bucket, i int) *abi.V4Block { return &b.Slot[i] })
+	key := func(s *abi.V4Block) uint32 { return s.Key }
+	slot := func(b *abi.V4Bucket, i int) *abi.V4Block { return &b.Slot[i] }
+	t.V4Blocks, t.V4BlockMul = cuckooTable(b.blocks, key, abi.V4BlockSlots, blockLoad, slot)
+	t.V4Wide, t.V4WideMul = cuckooTable(b.wide, key, abi.V4BlockSlots, blockLoad, slot)
 }
+
+// How full the cuckoo tables are made: a key's two buckets share a page,
+// and the keys hashed to a page must fit it.
+const (
+	blockLoad = 0.8  // 4-slot buckets
+	pairLoad  = 0.65 // 2-slot buckets
+)
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list
 // mask differs from the previous segment's; addresses in no list are mask 0.
@@ -90,6 +100,7 @@ type v4Builder struct {
 	t      *Tables
 	c      *classes
 	blocks []abi.V4Block // blocks holding anything, in order
+	wide   []abi.V4Block // /16s wholly in one class, instead of their blocks
 	blk    int64         // the block being assembled from pieces, or -1
 	pieces []piece       // its pieces, in address order
 }
@@ -117,8 +128,15 @@ func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
 				last--
 			}
 			if c != 0 {
-				for k := blk; k <= last; k++ {
+				for k := blk; k <= last; {
+					if k&0xff == 0 && k+0xff <= last {
+						// A whole /16.
+						b.wide = append(b.wide, abi.V4Block{Key: uint32(k>>8) + 1, Entry: abi.V4EClass<<abi.V4ETypeShift | uint64(c)})
+						k += 0x100
+						continue
+					}
 					b.add(uint32(k), abi.V4EClass<<abi.V4ETypeShift|uint64(c))
+					k++
 				}
 			}
 			if last == 0xffffff {

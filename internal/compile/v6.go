@@ -71,11 +71,11 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 			n.LongLens |= 1 << (m.len - abi.V6LongMin)
 		}
 	}
-	t.V6Blocks, t.V6BlockMul = cuckooTable(blocks, func(s *abi.V6Block) uint32 { return s.Key }, abi.V6BlockSlots, 0.8,
+	t.V6Blocks, t.V6BlockMul = cuckooTable(blocks, func(s *abi.V6Block) uint32 { return s.Key }, abi.V6BlockSlots, pairLoad,
 		func(b *abi.V6Bucket, i int) *abi.V6Block { return &b.Slot[i] })
-	t.V6Short, t.V6ShortMul = cuckooTable(short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, abi.V6ShortSlots, 0.9,
+	t.V6Short, t.V6ShortMul = cuckooTable(short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, abi.V6ShortSlots, blockLoad,
 		func(b *abi.V6ShortBucket, i int) *abi.V6Slot { return &b.Slot[i] })
-	t.V6Long, t.V6LongMul = cuckooTable(long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, abi.V6LongSlots, 0.8,
+	t.V6Long, t.V6LongMul = cuckooTable(long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, abi.V6LongSlots, pairLoad,
 		func(b *abi.V6LongBucket, i int) *abi.V6LongSlot { return &b.Slot[i] })
 	t.V6HotLen = hotLength(short, long)
 }

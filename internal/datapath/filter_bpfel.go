@@ -24,6 +24,7 @@ const (
 	filterMapV4Bitmaps       = "v4_bitmaps"
 	filterMapV4Blocks        = "v4_blocks"
 	filterMapV4Tbl8s         = "v4_tbl8s"
+	filterMapV4Wide          = "v4_wide"
 	filterMapV6Blocks        = "v6_blocks"
 	filterMapV6Long          = "v6_long"
 	filterMapV6Short         = "v6_short"
@@ -39,6 +40,8 @@ const (
 	filterVarUnparsedAction  = "unparsed_action"
 	filterVarV4BlockMul      = "v4_block_mul"
 	filterVarV4Buckets       = "v4_buckets"
+	filterVarV4WideBuckets   = "v4_wide_buckets"
+	filterVarV4WideMul       = "v4_wide_mul"
 	filterVarV6BlockMul      = "v6_block_mul"
 	filterVarV6Buckets       = "v6_buckets"
 	filterVarV6HotLen        = "v6_hot_len"
@@ -106,6 +109,7 @@ type filterMapSpecs struct {
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
+	V4Wide         *ebpf.MapSpec `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.MapSpec `ebpf:"v6_blocks"`
 	V6Long         *ebpf.MapSpec `ebpf:"v6_long"`
 	V6Short        *ebpf.MapSpec `ebpf:"v6_short"`
@@ -125,6 +129,8 @@ type filterVariableSpecs struct {
 	UnparsedAction  *ebpf.VariableSpec `ebpf:"unparsed_action"`
 	V4BlockMul      *ebpf.VariableSpec `ebpf:"v4_block_mul"`
 	V4Buckets       *ebpf.VariableSpec `ebpf:"v4_buckets"`
+	V4WideBuckets   *ebpf.VariableSpec `ebpf:"v4_wide_buckets"`
+	V4WideMul       *ebpf.VariableSpec `ebpf:"v4_wide_mul"`
 	V6BlockMul      *ebpf.VariableSpec `ebpf:"v6_block_mul"`
 	V6Buckets       *ebpf.VariableSpec `ebpf:"v6_buckets"`
 	V6HotLen        *ebpf.VariableSpec `ebpf:"v6_hot_len"`
@@ -162,6 +168,7 @@ type filterMaps struct {
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
+	V4Wide         *ebpf.Map `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.Map `ebpf:"v6_blocks"`
 	V6Long         *ebpf.Map `ebpf:"v6_long"`
 	V6Short        *ebpf.Map `ebpf:"v6_short"`
@@ -177,6 +184,7 @@ func (m *filterMaps) Close() error {
 		m.V4Bitmaps,
 		m.V4Blocks,
 		m.V4Tbl8s,
+		m.V4Wide,
 		m.V6Blocks,
 		m.V6Long,
 		m.V6Short,
@@ -197,6 +205,8 @@ type filterVariables struct {
 	UnparsedAction  *ebpf.Variable `ebpf:"unparsed_action"`
 	V4BlockMul      *ebpf.Variable `ebpf:"v4_block_mul"`
 	V4Buckets       *ebpf.Variable `ebpf:"v4_buckets"`
+	V4WideBuckets   *ebpf.Variable `ebpf:"v4_wide_buckets"`
+	V4WideMul       *ebpf.Variable `ebpf:"v4_wide_mul"`
 	V6BlockMul      *ebpf.Variable `ebpf:"v6_block_mul"`
 	V6Buckets       *ebpf.Variable `ebpf:"v6_buckets"`
 	V6HotLen        *ebpf.Variable `ebpf:"v6_hot_len"`

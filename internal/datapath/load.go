@@ -87,8 +87,8 @@ func Load(img *compile.Image) (*Objects, error) {
 		}
 	}
 	m := &specs.filterMapSpecs
-	ts := TableSpecs{V4Blocks: m.V4Blocks, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
-		Classes: m.Classes, V4Buckets: v.V4Buckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V6BlockMul: v.V6BlockMul,
+	ts := TableSpecs{V4Blocks: m.V4Blocks, V4Wide: m.V4Wide, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
+		Classes: m.Classes, V4Buckets: v.V4Buckets, V4WideBuckets: v.V4WideBuckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V4WideMul: v.V4WideMul, V6BlockMul: v.V6BlockMul,
 		V6ShortBuckets: v.V6ShortBuckets, V6LongBuckets: v.V6LongBuckets, V6ShortMul: v.V6ShortMul, V6LongMul: v.V6LongMul, V6HotLen: v.V6HotLen}
 	if err := ts.Size(&img.Tables); err != nil {
 		return nil, err
@@ -115,7 +115,7 @@ func loadError(err error) error {
 }
 
 func (o *Objects) tables() TableMaps {
-	return TableMaps{V4Blocks: o.V4Blocks, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
+	return TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
 		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
 }
 
@@ -143,7 +143,7 @@ type pinned struct {
 func (o *Objects) all() []pinned {
 	return []pinned{
 		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterMapCounters, o.Counters},
-		{filterMapV4Blocks, o.V4Blocks}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
+		{filterMapV4Blocks, o.V4Blocks}, {filterMapV4Wide, o.V4Wide}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
 		{filterMapV6Blocks, o.V6Blocks}, {filterMapV6Short, o.V6Short}, {filterMapV6Long, o.V6Long},
 		{filterMapClasses, o.Classes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
 		{filterMapOverlayEntries, o.OverlayEntries},
@@ -184,7 +184,7 @@ func LoadPinned(dir string) (*Objects, error) {
 		return x
 	}
 	o.RampartXdp, o.RampartTc, o.Counters = prog(filterProgRampartXdp), prog(filterProgRampartTc), m(filterMapCounters)
-	o.V4Blocks, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Blocks), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
+	o.V4Blocks, o.V4Wide, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Blocks), m(filterMapV4Wide), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
 	o.V6Blocks, o.V6Short, o.V6Long = m(filterMapV6Blocks), m(filterMapV6Short), m(filterMapV6Long)
 	o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries = m(filterMapClasses), m(filterMapOverlayV4), m(filterMapOverlayV6), m(filterMapOverlayEntries)
 	if err != nil {

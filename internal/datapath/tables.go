@@ -16,8 +16,9 @@ import (
 // TableSpecs are the prefix-list maps and variables of bpf/lists.h before
 // load, in any object built over it (the filter, the lookup benchmark).
 type TableSpecs struct {
-	V4Blocks, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes                                             *ebpf.MapSpec
-	V4Buckets, V6Buckets, V6ShortBuckets, V6LongBuckets, V4BlockMul, V6BlockMul, V6ShortMul, V6LongMul, V6HotLen *ebpf.VariableSpec
+	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.MapSpec
+	V4Buckets, V4WideBuckets, V6Buckets, V6ShortBuckets, V6LongBuckets       *ebpf.VariableSpec
+	V4BlockMul, V4WideMul, V6BlockMul, V6ShortMul, V6LongMul, V6HotLen       *ebpf.VariableSpec
 }
 
 // Size sets every table to its contents, and the hashes' parameters.
@@ -26,22 +27,25 @@ func (s *TableSpecs) Size(t *compile.Tables) error {
 		spec *ebpf.MapSpec
 		n    int
 	}{
-		{s.V4Blocks, len(t.V4Blocks)}, {s.V4Bitmaps, len(t.V4Bitmaps)}, {s.V4Tbl8s, len(t.V4Tbl8s)},
+		{s.V4Blocks, len(t.V4Blocks)}, {s.V4Wide, len(t.V4Wide)}, {s.V4Bitmaps, len(t.V4Bitmaps)}, {s.V4Tbl8s, len(t.V4Tbl8s)},
 		{s.V6Blocks, len(t.V6Blocks)}, {s.V6Short, len(t.V6Short)}, {s.V6Long, len(t.V6Long)}, {s.Classes, len(t.Classes)},
 	} {
 		m.spec.MaxEntries = uint32(max(1, m.n))
 	}
-	buckets := func(n int) uint32 { return uint32(max(1, n)) }
-	return errors.Join(s.V4Buckets.Set(buckets(len(t.V4Blocks))), s.V6Buckets.Set(buckets(len(t.V6Blocks))),
+	// An empty table's bucket count is still a page's, as lists.h
+	// computes buckets; its one element is empty and lookups past it find
+	// nothing.
+	buckets := func(n int) uint32 { return uint32(max(abi.PageBuckets, n)) }
+	return errors.Join(s.V4Buckets.Set(buckets(len(t.V4Blocks))), s.V4WideBuckets.Set(buckets(len(t.V4Wide))), s.V6Buckets.Set(buckets(len(t.V6Blocks))),
 		s.V6ShortBuckets.Set(buckets(len(t.V6Short))), s.V6LongBuckets.Set(buckets(len(t.V6Long))),
-		s.V4BlockMul.Set(t.V4BlockMul), s.V6BlockMul.Set(t.V6BlockMul), s.V6ShortMul.Set(t.V6ShortMul), s.V6LongMul.Set(t.V6LongMul),
+		s.V4BlockMul.Set(t.V4BlockMul), s.V4WideMul.Set(t.V4WideMul), s.V6BlockMul.Set(t.V6BlockMul), s.V6ShortMul.Set(t.V6ShortMul), s.V6LongMul.Set(t.V6LongMul),
 		s.V6HotLen.Set(t.V6HotLen))
 }
 
 // TableMaps are the prefix-list maps of bpf/lists.h once loaded.
 type TableMaps struct {
-	V4Blocks, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.Map
-	OverlayV4, OverlayV6, OverlayEntries                             *ebpf.Map
+	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.Map
+	OverlayV4, OverlayV6, OverlayEntries                                     *ebpf.Map
 }
 
 // Fill writes the tables into maps sized by TableSpecs.Size.
@@ -50,7 +54,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 		m    *ebpf.Map
 		data []byte
 	}{
-		{m.V4Blocks, unsafeBytes(t.V4Blocks)}, {m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)}, {m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)},
+		{m.V4Blocks, unsafeBytes(t.V4Blocks)}, {m.V4Wide, unsafeBytes(t.V4Wide)}, {m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)}, {m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)},
 		{m.V6Blocks, unsafeBytes(t.V6Blocks)}, {m.V6Short, unsafeBytes(t.V6Short)}, {m.V6Long, unsafeBytes(t.V6Long)},
 		{m.Classes, unsafeBytes(t.Classes)},
 	} {
@@ -64,7 +68,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 // Memlock is the kernel memory the tables account for.
 func (m TableMaps) Memlock() uint64 {
 	var n uint64
-	for _, x := range []*ebpf.Map{m.V4Blocks, m.V4Bitmaps, m.V4Tbl8s, m.V6Blocks, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
+	for _, x := range []*ebpf.Map{m.V4Blocks, m.V4Wide, m.V4Bitmaps, m.V4Tbl8s, m.V6Blocks, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
 		n += Memlock(x)
 	}
 	return n

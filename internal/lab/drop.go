@@ -27,7 +27,7 @@ type Options struct {
 	Repeats  int
 	Src4     netip.Prefix // range the IPv4 flood's sources are spread over
 	Src6     netip.Prefix
-	Sources  int    // flood sources, and so blocklist prefixes, per family
+	Sources  int    // flood sources per family, and so the size of the list-based layers' lists
 	Dir      string // where the list and policy files (and the rampart layer's state) go
 	// Progress, when set, hears what the run is doing.
 	Progress func(msg string)
@@ -39,7 +39,7 @@ var (
 	Quick = Options{Warmup: 500 * time.Millisecond, Window: 500 * time.Millisecond, Repeats: 3}
 )
 
-// DefaultSources is the size of the rampart layer's blocklist.
+// DefaultSources is the flood's sources, the list the list-based layers load.
 const DefaultSources = 1_000_000
 
 var (
@@ -72,7 +72,7 @@ func (o *Options) Validate() error {
 		return errors.New("--repeats must be at least 1 and --window positive")
 	}
 	if o.Sources < 1 {
-		return errors.New("--sources must be at least 1")
+		return errors.New("--list-size must be at least 1")
 	}
 	for _, fam := range o.Families {
 		if _, err := o.flood(fam); err != nil {
@@ -244,8 +244,10 @@ func measureOnce(ctx context.Context, o Options, p *plan, seq int, cpu cpuPlan) 
 		return s, "", err
 	}
 	defer objs.Close()
-	r := &row{topo: topo, family: f.family, objs: objs, appCPU: cpu.app, list: p.list, dir: o.Dir, ipt: iptablesFor(f.family)}
+	r := &row{topo: topo, family: f.family, objs: objs, appCPU: cpu.app, flood: f, list: p.list, dir: o.Dir, ipt: iptablesFor(f.family)}
+	start := time.Now()
 	act, err := l.setup(r)
+	s.setup = time.Since(start).Seconds()
 	if err != nil {
 		var skip skipError
 		if errors.As(err, &skip) {
@@ -284,7 +286,9 @@ func measureOnce(ctx context.Context, o Options, p *plan, seq int, cpu cpuPlan) 
 		if err != nil {
 			return err
 		}
+		setup := s.setup
 		s = cur.since(prev)
+		s.setup = setup
 		o.progress(fmt.Sprintf("%s IPv%d: %.3f Mpps dropped of %.2f offered", l.name, f.family, s.mpps, s.offered))
 		return nil
 	}()
@@ -308,6 +312,7 @@ type sample struct {
 	mpps, offered, ifaceRx float64
 	cpuBusy                float64 // fraction of one CPU
 	packets                uint64
+	setup                  float64 // seconds the layer took to set up, its list loaded
 }
 
 func takeSample(act *active, objs *labObjects, iface *ifaceCounter, rxCPUs []int) (c counts, err error) {
@@ -394,6 +399,7 @@ func (r *Result) summarise(s []sample) {
 	mpps := pick(func(x sample) float64 { return x.mpps })
 	r.MPPS, r.MPPSMin, r.MPPSMax = median(mpps), mpps[0], mpps[len(mpps)-1]
 	r.OfferedMPPS = median(pick(func(x sample) float64 { return x.offered }))
+	r.SetupSeconds = median(pick(func(x sample) float64 { return x.setup }))
 	r.IfaceRxMPPS = median(pick(func(x sample) float64 { return x.ifaceRx }))
 	r.CPUBusy = 100 * median(pick(func(x sample) float64 { return x.cpuBusy }))
 	r.NsPerPacket = median(pick(func(x sample) float64 {

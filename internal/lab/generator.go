@@ -124,6 +124,8 @@ func loadObjects(t *topology, f *flood) (*labObjects, error) {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
+	// The xdp-lpm layer's tries hold the list.
+	spec.Maps[labMapLabLpmV4].MaxEntries, spec.Maps[labMapLabLpmV6].MaxEntries = max(1, f.count), max(1, f.count)
 	var objs labObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		var ve *ebpf.VerifierError

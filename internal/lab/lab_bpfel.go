@@ -8,19 +8,35 @@ import (
 	_ "embed"
 	"fmt"
 	"io"
+	"structs"
 
 	"github.com/cilium/ebpf"
 )
+
+type labLabLpmV4Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [4]uint8
+}
+
+type labLabLpmV6Key struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Addr      [16]uint8
+}
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	labMapLabDrops     = "lab_drops"
+	labMapLabLpmV4     = "lab_lpm_v4"
+	labMapLabLpmV6     = "lab_lpm_v6"
 	labProgLabGen      = "lab_gen"
 	labProgLabSockDrop = "lab_sock_drop"
 	labProgLabTcDrop   = "lab_tc_drop"
 	labProgLabXdpDrop  = "lab_xdp_drop"
+	labProgLabXdpLpm   = "lab_xdp_lpm"
 	labVarDst4Prefix   = "dst4_prefix"
 	labVarDst6Prefix   = "dst6_prefix"
 	labVarFloodPort    = "flood_port"
@@ -80,6 +96,7 @@ type labProgramSpecs struct {
 	LabSockDrop *ebpf.ProgramSpec `ebpf:"lab_sock_drop"`
 	LabTcDrop   *ebpf.ProgramSpec `ebpf:"lab_tc_drop"`
 	LabXdpDrop  *ebpf.ProgramSpec `ebpf:"lab_xdp_drop"`
+	LabXdpLpm   *ebpf.ProgramSpec `ebpf:"lab_xdp_lpm"`
 }
 
 // labMapSpecs contains maps before they are loaded into the kernel.
@@ -87,6 +104,8 @@ type labProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type labMapSpecs struct {
 	LabDrops *ebpf.MapSpec `ebpf:"lab_drops"`
+	LabLpmV4 *ebpf.MapSpec `ebpf:"lab_lpm_v4"`
+	LabLpmV6 *ebpf.MapSpec `ebpf:"lab_lpm_v6"`
 }
 
 // labVariableSpecs contains global variables before they are loaded into the kernel.
@@ -127,11 +146,15 @@ func (o *labObjects) Close() error {
 // It can be passed to loadLabObjects or ebpf.CollectionSpec.LoadAndAssign.
 type labMaps struct {
 	LabDrops *ebpf.Map `ebpf:"lab_drops"`
+	LabLpmV4 *ebpf.Map `ebpf:"lab_lpm_v4"`
+	LabLpmV6 *ebpf.Map `ebpf:"lab_lpm_v6"`
 }
 
 func (m *labMaps) Close() error {
 	return _LabClose(
 		m.LabDrops,
+		m.LabLpmV4,
+		m.LabLpmV6,
 	)
 }
 
@@ -160,6 +183,7 @@ type labPrograms struct {
 	LabSockDrop *ebpf.Program `ebpf:"lab_sock_drop"`
 	LabTcDrop   *ebpf.Program `ebpf:"lab_tc_drop"`
 	LabXdpDrop  *ebpf.Program `ebpf:"lab_xdp_drop"`
+	LabXdpLpm   *ebpf.Program `ebpf:"lab_xdp_lpm"`
 }
 
 func (p *labPrograms) Close() error {
@@ -168,6 +192,7 @@ func (p *labPrograms) Close() error {
 		p.LabSockDrop,
 		p.LabTcDrop,
 		p.LabXdpDrop,
+		p.LabXdpLpm,
 	)
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/ipv4"
@@ -47,6 +48,7 @@ type row struct {
 	family int
 	objs   *labObjects
 	appCPU int
+	flood  *flood
 	list   string // the flood's sources as a list file
 	dir    string // the run's work directory
 	ipt    string // iptables binary for the family
@@ -65,13 +67,18 @@ var Layers = []layer{
 	{"tc-bpf", 0, nil, setupTCBPF},
 	{"xdp-generic", 0, nil, setupXDP(link.XDPGenericMode)},
 	{"xdp-native", 10.1, nil, setupXDP(link.XDPDriverMode)},
+	{"ipset", 0, []string{"ipset", "iptables"}, setupIpset},
+	{"nft-set", 0, []string{"nft"}, setupNftSet},
+	{"xdp-lpm", 0, nil, setupXDPLPM},
+	{"xdp-filter", 0, []string{"xdp-filter", "nsenter"}, setupXDPFilter},
 	{"rampart", 0, nil, setupRampart},
 }
 
 // packages name the Debian package of each tool a layer needs.
 var packages = map[string]string{
 	"iptables": "iptables", "ip6tables": "iptables", "iptables-legacy": "iptables", "ip6tables-legacy": "iptables",
-	"nft": "nftables", "tc": "iproute2", "ip": "iproute2", "ethtool": "ethtool",
+	"nft": "nftables", "tc": "iproute2", "ip": "iproute2", "ethtool": "ethtool", "ipset": "ipset",
+	"xdp-filter": "xdp-tools", "nsenter": "util-linux",
 }
 
 // missingTool names the first tool a layer needs that is not installed,
@@ -404,25 +411,29 @@ func setupTCBPF(r *row) (*active, error) {
 }
 
 func setupXDP(mode link.XDPAttachFlags) func(r *row) (*active, error) {
-	return func(r *row) (*active, error) {
-		var l link.Link
-		var got string
-		err := datapath.InNetns(r.topo.rxNs, func() (err error) {
-			l, err = link.AttachXDP(link.XDPOptions{Program: r.objs.LabXdpDrop, Interface: r.topo.rxIndex, Flags: mode})
-			if err != nil {
-				return fmt.Errorf("attach XDP: %w", err)
-			}
-			got, err = xdpMode(r.topo.rxIndex)
-			return err
-		})
+	return func(r *row) (*active, error) { return r.attachXDP(r.objs.LabXdpDrop, mode) }
+}
+
+// attachXDP attaches a lab program to the receiving veth; its drops are
+// the lab's drop counter.
+func (r *row) attachXDP(prog *ebpf.Program, mode link.XDPAttachFlags) (*active, error) {
+	var l link.Link
+	var got string
+	err := datapath.InNetns(r.topo.rxNs, func() (err error) {
+		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: r.topo.rxIndex, Flags: mode})
 		if err != nil {
-			if l != nil {
-				l.Close()
-			}
-			return nil, err
+			return fmt.Errorf("attach XDP: %w", err)
 		}
-		return &active{count: r.dropCount, teardown: l.Close, mode: got}, nil
+		got, err = xdpMode(r.topo.rxIndex)
+		return err
+	})
+	if err != nil {
+		if l != nil {
+			l.Close()
+		}
+		return nil, err
 	}
+	return &active{count: r.dropCount, teardown: l.Close, mode: got}, nil
 }
 
 // xdpMode reports the XDP mode the kernel says is attached to ifindex (in
