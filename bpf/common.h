@@ -73,10 +73,11 @@ struct counter {
  * anything; IPv4 /16s wholly in one class are one wide block instead of
  * 256; IPv6 prefixes longer than /24 are keyed by length and address. All
  * sit in bucketized cuckoo hashes: a key is in one of two 64-byte buckets,
- * the first anywhere and the second in the same 4 KiB page, both computed
- * from a 32-bit digest of the key, so a lookup reads the two cache lines at
- * once and pays at most one TLB miss and waits for one cache miss, not a
- * chain (lists.h's bucket functions and Go's compile package must agree).
+ * both computed from a 32-bit digest of the key, so a lookup reads the two
+ * cache lines at once and waits for one miss, not a chain. In tables of
+ * four-slot buckets the second bucket is in the first's 4 KiB page, so a
+ * lookup also pays one TLB miss at most (lists.h's bucket functions and
+ * Go's compile package must agree).
  * An empty slot has key (blocks) or len (prefixes) 0. */
 enum cuckoo {
 	V4_BLOCK_SLOTS = 4, /* struct v4_block per bucket */

@@ -73,7 +73,10 @@ static __always_inline __u32 first_bucket(__u32 digest, __u64 mul, __u32 buckets
 	return (((__u64)digest * mul) >> 32) * buckets >> 32;
 }
 
-/* Its second, in the first's page. */
+/* Its second, in the first's page: four-slot tables (LOCAL); two-slot ones
+ * take it anywhere (ANYWHERE), as Go's compile.shape says. */
+#define LOCAL 1
+#define ANYWHERE 0
 static __always_inline __u32 second_bucket(__u32 first, __u32 digest, __u64 mul)
 {
 	return (first & ~(__u32)(PAGE_BUCKETS - 1)) | (((__u64)digest * mul) >> 58);
@@ -85,11 +88,12 @@ static __always_inline __u32 second_bucket(__u32 first, __u32 digest, __u64 mul)
  * bucket is read before the first is compared, so that the two reads
  * overlap whatever the branch predictor guesses. (A second bucket past a
  * table's end cannot be: tables hold whole pages.) */
-#define CUCKOO_FIND(table, buckets, mul, digest, match)                         \
+#define CUCKOO_FIND(table, buckets, mul, local, digest, match)                  \
 	({                                                                      \
 		__u32 d_ = (digest);                                            \
 		__u32 i_ = first_bucket(d_, (mul)[0], buckets);                 \
-		__u32 j_ = second_bucket(i_, d_, (mul)[1]);                     \
+		__u32 j_ = (local) ? second_bucket(i_, d_, (mul)[1])            \
+				   : first_bucket(d_, (mul)[1], buckets);         \
 		typeof(*table.value) *x_ = bpf_map_lookup_elem(&table, &i_);    \
 		typeof(*table.value) *y_ = bpf_map_lookup_elem(&table, &j_);    \
 		typeof(&x_->slot[0]) found_ = 0;                                \
@@ -114,9 +118,9 @@ static __always_inline __u32 v4_class(const __u8 *addr)
 {
 	__u32 a = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
 	__u32 key = (a >> 8) + 1, wkey = (a >> 16) + 1;
-	struct v4_block *b = CUCKOO_FIND(v4_blocks, v4_buckets, v4_block_mul, key, s_->key == key);
+	struct v4_block *b = CUCKOO_FIND(v4_blocks, v4_buckets, v4_block_mul, LOCAL, key, s_->key == key);
 	/* Read beside the block's buckets: a /16 wholly in one class. */
-	struct v4_block *w = CUCKOO_FIND(v4_wide, v4_wide_buckets, v4_wide_mul, wkey, s_->key == wkey);
+	struct v4_block *w = CUCKOO_FIND(v4_wide, v4_wide_buckets, v4_wide_mul, LOCAL, wkey, s_->key == wkey);
 	if (!b)
 		return w ? (__u32)w->entry : 0;
 	__u64 e = b->entry;
@@ -166,7 +170,7 @@ static __always_inline __u64 mask_top(__u64 v, __u32 bits)
 static __always_inline long v6_probe_short(__u64 hi, __u32 len)
 {
 	__u64 key = mask_top(hi, len);
-	struct v6_slot *s = CUCKOO_FIND(v6_short, v6_short_buckets, v6_short_mul, v6_digest(key, 0, len),
+	struct v6_slot *s = CUCKOO_FIND(v6_short, v6_short_buckets, v6_short_mul, LOCAL, v6_digest(key, 0, len),
 					s_->len == len && s_->key == key);
 	return s ? (long)s->cls : -1; /* not s->cls : -1, which is unsigned */
 }
@@ -175,7 +179,7 @@ static __always_inline long v6_probe_short(__u64 hi, __u32 len)
 static __always_inline long v6_probe_long(__u64 hi, __u64 lo, __u32 len)
 {
 	__u64 klo = mask_top(lo, len - 64);
-	struct v6_long_slot *s = CUCKOO_FIND(v6_long, v6_long_buckets, v6_long_mul, v6_digest(hi, klo, len),
+	struct v6_long_slot *s = CUCKOO_FIND(v6_long, v6_long_buckets, v6_long_mul, ANYWHERE, v6_digest(hi, klo, len),
 					     s_->len == len && s_->hi == hi && s_->lo == klo);
 	return s ? (long)s->cls : -1; /* not s->cls : -1, which is unsigned */
 }
@@ -235,7 +239,7 @@ static __always_inline __u32 v6_class(const __u8 *addr)
 	lo = bpf_be64_to_cpu(lo);
 	long hot = v6_hot_len ? v6_probe(hi, lo, v6_hot_len) : -1;
 	__u32 key = (hi >> 40) + 1;
-	struct v6_block *n = CUCKOO_FIND(v6_blocks, v6_buckets, v6_block_mul, key, s_->key == key);
+	struct v6_block *n = CUCKOO_FIND(v6_blocks, v6_buckets, v6_block_mul, ANYWHERE, key, s_->key == key);
 	if (!n)
 		return 0;
 	if (!(n->short_lens | n->long_lens))

@@ -8,11 +8,32 @@ import "github.com/rampart-fw/rampart/internal/abi"
 // seed, and sits in a free slot of either.
 
 // bucketPair is bpf/lists.h's first_bucket and second_bucket (the two must
-// agree bit for bit): the first anywhere, the second in the first's page.
-func bucketPair(digest uint32, mul [2]uint64, n uint32) [2]uint32 {
+// agree bit for bit): the first anywhere, the second in the first's page
+// when local, else anywhere too.
+func bucketPair(digest uint32, mul [2]uint64, n uint32, local bool) [2]uint32 {
 	first := uint32((uint64(digest) * mul[0] >> 32) * uint64(n) >> 32)
-	return [2]uint32{first, first&^(abi.PageBuckets-1) | uint32(uint64(digest)*mul[1]>>58)}
+	if local {
+		return [2]uint32{first, first&^(abi.PageBuckets-1) | uint32(uint64(digest)*mul[1]>>58)}
+	}
+	return [2]uint32{first, uint32((uint64(digest) * mul[1] >> 32) * uint64(n) >> 32)}
 }
+
+// A shape is how a cuckoo table is built: slots per bucket, whether a
+// key's second bucket is in its first's page, and how full it is made.
+// Page-local tables pay one TLB miss a lookup, but each page must take the
+// keys hashed to it, so they are filled less: four slots a bucket, 70%,
+// leaves a page five standard deviations of room. Two-slot buckets would
+// need far less than that; their tables take a second bucket anywhere.
+type shape struct {
+	slots int
+	local bool
+	load  float64
+}
+
+var (
+	quadShape = shape{slots: 4, local: true, load: 0.7}
+	pairShape = shape{slots: 2, local: false, load: 0.7}
+)
 
 // blockMultipliers derives a seed's two odd multipliers (splitmix64).
 func blockMultipliers(seed uint64) [2]uint64 {
@@ -29,15 +50,15 @@ func blockMultipliers(seed uint64) [2]uint64 {
 
 // cuckooTable lays items out in the buckets of a cuckoo table (slot gives
 // a bucket's i-th slot) and returns the buckets and the multipliers.
-func cuckooTable[B, S any](items []S, digest func(*S) uint32, slots int, load float64, slot func(*B, int) *S) ([]B, [2]uint64) {
+func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape, slot func(*B, int) *S) ([]B, [2]uint64) {
 	keys := make([]uint32, len(items))
 	for i := range items {
 		keys[i] = digest(&items[i])
 	}
-	pos, buckets, mul := placeCuckoo(keys, slots, load)
+	pos, buckets, mul := placeCuckoo(keys, sh)
 	table := make([]B, buckets)
 	for i, p := range pos {
-		*slot(&table[p/uint32(slots)], int(p%uint32(slots))) = items[i]
+		*slot(&table[p/uint32(sh.slots)], int(p%uint32(sh.slots))) = items[i]
 	}
 	return table, mul
 }
@@ -46,22 +67,22 @@ func cuckooTable[B, S any](items []S, digest func(*S) uint32, slots int, load fl
 // buckets are tried.
 const maxKicks = 1000
 
-// placeCuckoo finds, for keys given by their digests, a slot each in
-// buckets of `slots` slots filled to at most `load`: it returns the slot
-// (bucket*slots + slot) of every key, the bucket count and the multipliers.
-// Digests may collide (the slots hold whole keys); more keys than a
-// bucket pair holds on one digest would never place, which a 32-bit digest
-// of real keys makes vanishingly rare. Deterministic: one set of keys
-// always gives one layout.
-func placeCuckoo(keys []uint32, slots int, load float64) (pos []uint32, buckets uint32, mul [2]uint64) {
+// placeCuckoo finds, for keys given by their digests, a slot each in a
+// table of the shape: it returns the slot (bucket*slots + slot) of every
+// key, the bucket count (whole pages) and the multipliers. Digests may
+// collide (the slots hold whole keys); more keys than a bucket pair holds
+// on one digest would never place, which a 32-bit digest of real keys
+// makes vanishingly rare. Deterministic: one set of keys always gives one
+// layout.
+func placeCuckoo(keys []uint32, sh shape) (pos []uint32, buckets uint32, mul [2]uint64) {
 	if len(keys) == 0 {
 		return nil, 0, [2]uint64{1, 1}
 	}
-	pages := uint32(float64(len(keys))/(float64(slots)*load*abi.PageBuckets)) + 1
+	pages := uint32(float64(len(keys))/(float64(sh.slots)*sh.load*abi.PageBuckets)) + 1
 	for seed := uint64(1); ; seed++ {
 		buckets = pages * abi.PageBuckets
 		mul = blockMultipliers(seed)
-		if table, ok := cuckoo(keys, slots, buckets, mul, seed); ok {
+		if table, ok := cuckoo(keys, sh, buckets, mul, seed); ok {
 			pos = make([]uint32, len(keys))
 			for s, k := range table {
 				if k != 0 {
@@ -70,45 +91,86 @@ func placeCuckoo(keys []uint32, slots int, load float64) (pos []uint32, buckets 
 			}
 			return pos, buckets, mul
 		}
-		pages += pages/32 + 1 // unlucky or a page too full: a little more room
+		pages += pages/16 + 1 // unlucky or a page too full: more room
 	}
 }
 
-// cuckoo inserts every key, evicting along a pseudo-random walk; the table
-// holds key index + 1 per slot (0: free).
-func cuckoo(keys []uint32, slots int, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
-	table := make([]uint32, int(n)*slots)
-	rng := seed
+// cuckoo inserts every key, in the order of their first buckets (so the
+// table is written front to back, in cache, not at random); when both a
+// key's buckets are full it first looks for a key in them that can move to
+// its other bucket, then evicts along a pseudo-random walk. The table holds
+// key index + 1 per slot (0: free).
+func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
+	slots := sh.slots
+	pairs := make([][2]uint32, len(keys))
+	start := make([]uint32, n+1) // a counting sort by first bucket
+	for i, k := range keys {
+		pairs[i] = bucketPair(k, mul, n, sh.local)
+		start[pairs[i][0]+1]++
+	}
+	for b := uint32(1); b <= n; b++ {
+		start[b] += start[b-1]
+	}
+	order := make([]uint32, len(keys))
 	for i := range keys {
-		item := uint32(i + 1)
-		for kick := 0; ; kick++ {
-			b := bucketPair(keys[item-1], mul, n)
-			if s, ok := freeSlot(table, slots, b[0]); ok {
-				table[s] = item
-				break
+		b := pairs[i][0]
+		order[start[b]] = uint32(i)
+		start[b]++
+	}
+	start = nil
+
+	table := make([]uint32, int(n)*slots)
+	free := func(b uint32) int {
+		for s := int(b) * slots; s < int(b+1)*slots; s++ {
+			if table[s] == 0 {
+				return s
 			}
-			if s, ok := freeSlot(table, slots, b[1]); ok {
+		}
+		return -1
+	}
+	// moveOne frees a slot of bucket b by moving its key to its other
+	// bucket, if that has room.
+	moveOne := func(b uint32) int {
+		for s := int(b) * slots; s < int(b+1)*slots; s++ {
+			p := pairs[table[s]-1]
+			other := p[0]
+			if other == b {
+				other = p[1]
+			}
+			if f := free(other); f >= 0 {
+				table[f] = table[s]
+				return s
+			}
+		}
+		return -1
+	}
+	rng := seed
+	for _, i := range order {
+		item := i + 1
+		for kick := 0; ; kick++ {
+			b := pairs[item-1]
+			s := free(b[0])
+			if s < 0 {
+				s = free(b[1])
+			}
+			if s < 0 {
+				s = moveOne(b[0])
+			}
+			if s < 0 {
+				s = moveOne(b[1])
+			}
+			if s >= 0 {
 				table[s] = item
 				break
 			}
 			if kick == maxKicks {
 				return nil, false
 			}
-			// Both full: take a pseudo-random slot of either bucket and
-			// go on with the key it held.
+			// Evict a pseudo-random key of either bucket and go on with it.
 			rng = rng*6364136223846793005 + 1442695040888963407
-			s := int(b[rng>>63])*slots + int(rng>>33)%slots
+			s = int(b[rng>>63])*slots + int(rng>>33)%slots
 			table[s], item = item, table[s]
 		}
 	}
 	return table, true
-}
-
-func freeSlot(table []uint32, slots int, b uint32) (int, bool) {
-	for s := int(b) * slots; s < int(b+1)*slots; s++ {
-		if table[s] == 0 {
-			return s, true
-		}
-	}
-	return 0, false
 }

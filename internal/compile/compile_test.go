@@ -176,23 +176,20 @@ func TestCuckoo(t *testing.T) {
 		seen[k] = true
 		keys[i] = k
 	}
-	for _, c := range []struct {
-		slots int
-		load  float64
-	}{{4, blockLoad}, {2, pairLoad}} {
-		pos, buckets, mul := placeCuckoo(keys, c.slots, c.load)
+	for _, c := range []shape{quadShape, pairShape} {
+		pos, buckets, mul := placeCuckoo(keys, c)
 		if buckets%abi.PageBuckets != 0 || float64(len(keys)) < 0.85*c.load*float64(int(buckets)*c.slots) {
 			t.Errorf("%d slots: %d keys in %d buckets", c.slots, len(keys), buckets)
 		}
 		used := map[uint32]bool{}
 		for i, p := range pos {
-			b, pair := p/uint32(c.slots), bucketPair(keys[i], mul, buckets)
-			if used[p] || (b != pair[0] && b != pair[1]) || pair[0]/abi.PageBuckets != pair[1]/abi.PageBuckets {
+			b, pair := p/uint32(c.slots), bucketPair(keys[i], mul, buckets, c.local)
+			if used[p] || (b != pair[0] && b != pair[1]) || (c.local && pair[0]/abi.PageBuckets != pair[1]/abi.PageBuckets) {
 				t.Fatalf("key %d at slot %d: taken, not in its buckets, or its buckets in two pages", i, p)
 			}
 			used[p] = true
 		}
-		pos2, buckets2, mul2 := placeCuckoo(keys, c.slots, c.load)
+		pos2, buckets2, mul2 := placeCuckoo(keys, c)
 		if buckets2 != buckets || mul2 != mul || !slices.Equal(pos, pos2) {
 			t.Errorf("%d slots: two layouts of the same keys", c.slots)
 		}

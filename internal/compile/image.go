@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"unsafe"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 )
@@ -63,9 +64,11 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	t := &img.Tables
-	for _, part := range []any{t.V4Blocks, t.V4BlockMul, t.V4Wide, t.V4WideMul, t.V4Bitmaps, t.V4Tbl8s, t.V6Blocks, t.V6BlockMul, t.V6Short, t.V6ShortMul,
-		t.V6Long, t.V6LongMul, t.V6HotLen, t.Classes} {
-		binary.Write(h, binary.LittleEndian, part)
+	for _, part := range [][]byte{AsBytes(t.V4Blocks), AsBytes(t.V4BlockMul[:]), AsBytes(t.V4Wide), AsBytes(t.V4WideMul[:]),
+		AsBytes(t.V4Bitmaps), AsBytes(t.V4Tbl8s), AsBytes(t.V6Blocks), AsBytes(t.V6BlockMul[:]), AsBytes(t.V6Short),
+		AsBytes(t.V6ShortMul[:]), AsBytes(t.V6Long), AsBytes(t.V6LongMul[:]), AsBytes([]uint32{t.V6HotLen}), AsBytes(t.Classes)} {
+		binary.Write(h, binary.LittleEndian, uint64(len(part)))
+		h.Write(part)
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }
@@ -96,4 +99,15 @@ func (t *Tables) V6Prefixes() int {
 		}
 	}
 	return n
+}
+
+// AsBytes is a table's memory: the ABI's types are laid out as the kernel's
+// maps hold them (structs.HostLayout), so this is what the maps are filled
+// with and what an image's hash covers. Reflection (encoding/binary) takes
+// a quarter of a second for a million-entry table; this takes none.
+func AsBytes[T any](s []T) []byte {
+	if len(s) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
 }

@@ -42,13 +42,13 @@ func (t *Tables) Lookup(a netip.Addr, reads *[]Read) uint64 {
 // cuckooFind is bpf/lists.h's CUCKOO_FIND: the slot of either of the
 // digest's buckets (read together) for which match holds, or nil. The
 // first read is parallel to the one before when parallel is set.
-func cuckooFind[B, S any](table []B, mul [2]uint64, digest uint32, name string, reads *[]Read, parallel bool,
+func cuckooFind[B, S any](table []B, mul [2]uint64, local bool, digest uint32, name string, reads *[]Read, parallel bool,
 	slots func(*B) []S, match func(*S) bool) *S {
 	if len(table) == 0 {
 		return nil
 	}
 	var found *S
-	for h, i := range bucketPair(digest, mul, uint32(len(table))) {
+	for h, i := range bucketPair(digest, mul, uint32(len(table)), local) {
 		if reads != nil {
 			*reads = append(*reads, Read{Table: name, Offset: uint64(i) * 64, Parallel: parallel || h == 1})
 		}
@@ -65,8 +65,8 @@ func cuckooFind[B, S any](table []B, mul [2]uint64, digest uint32, name string, 
 func (t *Tables) class4(a uint32, reads *[]Read, read func(string, int, int)) uint32 {
 	key, wkey := a>>8+1, a>>16+1
 	slots := func(b *abi.V4Bucket) []abi.V4Block { return b.Slot[:] }
-	b := cuckooFind(t.V4Blocks, t.V4BlockMul, key, "v4_blocks", reads, false, slots, func(s *abi.V4Block) bool { return s.Key == key })
-	w := cuckooFind(t.V4Wide, t.V4WideMul, wkey, "v4_wide", reads, true, slots, func(s *abi.V4Block) bool { return s.Key == wkey })
+	b := cuckooFind(t.V4Blocks, t.V4BlockMul, quadShape.local, key, "v4_blocks", reads, false, slots, func(s *abi.V4Block) bool { return s.Key == key })
+	w := cuckooFind(t.V4Wide, t.V4WideMul, quadShape.local, wkey, "v4_wide", reads, true, slots, func(s *abi.V4Block) bool { return s.Key == wkey })
 	if b == nil {
 		if w != nil {
 			return uint32(w.Entry)
@@ -105,7 +105,7 @@ func (t *Tables) class6(a policy.U128, reads *[]Read) uint32 {
 		hot = t.probe6(a, t.V6HotLen, reads, false)
 	}
 	key := uint32(a.Hi>>40) + 1
-	n := cuckooFind(t.V6Blocks, t.V6BlockMul, key, "v6_blocks", reads, hotOK,
+	n := cuckooFind(t.V6Blocks, t.V6BlockMul, pairShape.local, key, "v6_blocks", reads, hotOK,
 		func(b *abi.V6Bucket) []abi.V6Block { return b.Slot[:] }, func(s *abi.V6Block) bool { return s.Key == key })
 	if n == nil {
 		return 0
@@ -134,7 +134,7 @@ func (t *Tables) probe6(a policy.U128, length uint32, reads *[]Read, parallel bo
 	var cls *uint32
 	if length > 64 {
 		lo := a.Lo & (^uint64(0) << (128 - length))
-		s := cuckooFind(t.V6Long, t.V6LongMul, digest6(a.Hi, lo, length), "v6_long", reads, parallel,
+		s := cuckooFind(t.V6Long, t.V6LongMul, pairShape.local, digest6(a.Hi, lo, length), "v6_long", reads, parallel,
 			func(b *abi.V6LongBucket) []abi.V6LongSlot { return b.Slot[:] },
 			func(s *abi.V6LongSlot) bool { return s.Len == length && s.Hi == a.Hi && s.Lo == lo })
 		if s != nil {
@@ -145,7 +145,7 @@ func (t *Tables) probe6(a policy.U128, length uint32, reads *[]Read, parallel bo
 		if length < 64 {
 			key &= ^uint64(0) << (64 - length)
 		}
-		s := cuckooFind(t.V6Short, t.V6ShortMul, digest6(key, 0, length), "v6_short", reads, parallel,
+		s := cuckooFind(t.V6Short, t.V6ShortMul, quadShape.local, digest6(key, 0, length), "v6_short", reads, parallel,
 			func(b *abi.V6ShortBucket) []abi.V6Slot { return b.Slot[:] },
 			func(s *abi.V6Slot) bool { return s.Len == length && s.Key == key })
 		if s != nil {

@@ -56,16 +56,9 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	b.flush()
 	key := func(s *abi.V4Block) uint32 { return s.Key }
 	slot := func(b *abi.V4Bucket, i int) *abi.V4Block { return &b.Slot[i] }
-	t.V4Blocks, t.V4BlockMul = cuckooTable(b.blocks, key, abi.V4BlockSlots, blockLoad, slot)
-	t.V4Wide, t.V4WideMul = cuckooTable(b.wide, key, abi.V4BlockSlots, blockLoad, slot)
+	t.V4Blocks, t.V4BlockMul = cuckooTable(b.blocks, key, quadShape, slot)
+	t.V4Wide, t.V4WideMul = cuckooTable(b.wide, key, quadShape, slot)
 }
-
-// How full the cuckoo tables are made: a key's two buckets share a page,
-// and the keys hashed to a page must fit it.
-const (
-	blockLoad = 0.8  // 4-slot buckets
-	pairLoad  = 0.65 // 2-slot buckets
-)
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list
 // mask differs from the previous segment's; addresses in no list are mask 0.

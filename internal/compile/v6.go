@@ -18,7 +18,14 @@ import (
 // one marks its length in its block's node and goes into the hash table of
 // its length's kind. Blocks and prefixes go into cuckoo tables.
 func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
-	var all []entry6
+	n := 0
+	for _, l := range lists {
+		n += len(l.V6)
+	}
+	if n == 0 {
+		return
+	}
+	all := make([]entry6, 0, n)
 	for i, l := range lists {
 		for _, r := range l.V6 {
 			policy.Cover(r.Lo, r.Hi, 128, func(first policy.U128, length int) {
@@ -26,56 +33,71 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 			})
 		}
 	}
-	if len(all) == 0 {
-		return
-	}
-	var short []abi.V6Slot
-	var long []abi.V6LongSlot
-	var marks []blockMark
-	for _, e := range closeOverAncestors(all) {
-		cls := c.class(e.mask)
+	all = closeOverAncestors(all)
+	var nShort, nLong, nMarks int
+	for _, e := range all {
 		switch {
 		case e.len <= 24:
-			first := e.first.Hi >> 40
-			for blk := first; blk <= first|(1<<(24-e.len)-1); blk++ {
-				marks = append(marks, blockMark{uint32(blk), e.len, 0, cls})
+			nMarks += 1 << (24 - e.len)
+		case e.len <= 64:
+			nShort++
+			nMarks++
+		default:
+			nLong++
+			nMarks++
+		}
+	}
+	short, long := make([]abi.V6Slot, 0, nShort), make([]abi.V6LongSlot, 0, nLong)
+	marks := make([]blockMark, 0, nMarks)
+	for _, e := range all {
+		cls := c.class(e.mask)
+		blk := uint32(e.first.Hi >> 40)
+		switch {
+		case e.len <= 24:
+			for b := blk; b <= blk|(1<<(24-e.len)-1); b++ {
+				marks = append(marks, blockMark{b, cls, e.len})
 			}
 		case e.len <= 64:
-			marks = append(marks, blockMark{uint32(e.first.Hi >> 40), e.len, 1 << (e.len - abi.V6ShortMin), 0})
+			marks = append(marks, blockMark{blk, 0, e.len})
 			short = append(short, abi.V6Slot{Key: e.first.Hi, Len: uint32(e.len), Cls: cls})
 		default:
-			marks = append(marks, blockMark{uint32(e.first.Hi >> 40), e.len, 0, 0})
+			marks = append(marks, blockMark{blk, 0, e.len})
 			long = append(long, abi.V6LongSlot{Hi: e.first.Hi, Lo: e.first.Lo, Len: uint32(e.len), Cls: cls})
 		}
 	}
-	// Blocks in order; a block's shorter prefixes before its longer ones,
-	// so the longest prefix up to /24 gives the block's class.
-	slices.SortFunc(marks, func(a, b blockMark) int {
-		if a.blk != b.blk {
-			return cmp.Compare(a.blk, b.blk)
-		}
-		return cmp.Compare(a.len, b.len)
-	})
+	all = nil
+	// Marks grouped by block (address order mostly gives it already: only a
+	// prefix up to /24 spans blocks its descendants come back to).
+	byBlock := func(a, b blockMark) int { return cmp.Compare(a.blk, b.blk) }
+	if !slices.IsSortedFunc(marks, byBlock) {
+		slices.SortFunc(marks, byBlock)
+	}
 	var blocks []abi.V6Block
+	baseLen := uint8(0) // the length of the prefix that gave the block its class
 	for _, m := range marks {
 		if n := len(blocks); n == 0 || blocks[n-1].Key != m.blk+1 {
 			blocks = append(blocks, abi.V6Block{Key: m.blk + 1})
+			baseLen = 0
 		}
-		n := &blocks[len(blocks)-1]
+		b := &blocks[len(blocks)-1]
 		switch {
 		case m.len <= 24:
-			n.Base = m.cls
+			// The longest prefix up to /24 holding the block gives its class.
+			if m.len >= baseLen {
+				b.Base, baseLen = m.cls, m.len
+			}
 		case m.len <= 64:
-			n.ShortLens |= m.lens
+			b.ShortLens |= 1 << (m.len - abi.V6ShortMin)
 		default:
-			n.LongLens |= 1 << (m.len - abi.V6LongMin)
+			b.LongLens |= 1 << (m.len - abi.V6LongMin)
 		}
 	}
-	t.V6Blocks, t.V6BlockMul = cuckooTable(blocks, func(s *abi.V6Block) uint32 { return s.Key }, abi.V6BlockSlots, pairLoad,
+	marks = nil
+	t.V6Blocks, t.V6BlockMul = cuckooTable(blocks, func(s *abi.V6Block) uint32 { return s.Key }, pairShape,
 		func(b *abi.V6Bucket, i int) *abi.V6Block { return &b.Slot[i] })
-	t.V6Short, t.V6ShortMul = cuckooTable(short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, abi.V6ShortSlots, blockLoad,
+	t.V6Short, t.V6ShortMul = cuckooTable(short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, quadShape,
 		func(b *abi.V6ShortBucket, i int) *abi.V6Slot { return &b.Slot[i] })
-	t.V6Long, t.V6LongMul = cuckooTable(long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, abi.V6LongSlots, pairLoad,
+	t.V6Long, t.V6LongMul = cuckooTable(long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, pairShape,
 		func(b *abi.V6LongBucket, i int) *abi.V6LongSlot { return &b.Slot[i] })
 	t.V6HotLen = hotLength(short, long)
 }
@@ -111,22 +133,26 @@ func (e entry6) contains(a policy.U128) bool {
 
 // blockMark is what one prefix says of one /24 block.
 type blockMark struct {
-	blk  uint32
-	len  uint8
-	lens uint64 // a short length's bit
-	cls  uint32 // for a prefix up to /24: its class
+	blk uint32
+	cls uint32 // for a prefix up to /24: its class
+	len uint8
 }
 
 // closeOverAncestors walks prefixes in address order, ancestors first, with
-// a stack of the prefixes containing the current one.
+// a stack of the prefixes containing the current one, in place. Each
+// list's cover is sorted already, so one list needs no sort.
 func closeOverAncestors(all []entry6) []entry6 {
-	slices.SortFunc(all, func(a, b entry6) int {
+	order := func(a, b entry6) int {
 		if c := a.first.Cmp(b.first); c != 0 {
 			return c
 		}
 		return cmp.Compare(a.len, b.len)
-	})
-	var out, stack []entry6
+	}
+	if !slices.IsSortedFunc(all, order) {
+		slices.SortFunc(all, order)
+	}
+	out := all[:0] // never ahead of i: the write never overtakes the read
+	var stack []entry6
 	for i := 0; i < len(all); {
 		e := all[i]
 		for i++; i < len(all) && all[i].first == e.first && all[i].len == e.len; i++ {

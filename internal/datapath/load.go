@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 
@@ -224,16 +223,6 @@ func SumPerCPU(m *ebpf.Map) (uint64, error) {
 		n += v
 	}
 	return n, nil
-}
-
-// unsafeBytes views a slice of plain structs as bytes, without a copy of
-// hundreds of megabytes. The element types have no padding the C side
-// would not have too (they are generated from the same header).
-func unsafeBytes[T any](s []T) []byte {
-	if len(s) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
 }
 
 // PinnedPrograms returns the IDs of the programs pinned in dir (a

@@ -54,9 +54,9 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 		m    *ebpf.Map
 		data []byte
 	}{
-		{m.V4Blocks, unsafeBytes(t.V4Blocks)}, {m.V4Wide, unsafeBytes(t.V4Wide)}, {m.V4Bitmaps, unsafeBytes(t.V4Bitmaps)}, {m.V4Tbl8s, unsafeBytes(t.V4Tbl8s)},
-		{m.V6Blocks, unsafeBytes(t.V6Blocks)}, {m.V6Short, unsafeBytes(t.V6Short)}, {m.V6Long, unsafeBytes(t.V6Long)},
-		{m.Classes, unsafeBytes(t.Classes)},
+		{m.V4Blocks, compile.AsBytes(t.V4Blocks)}, {m.V4Wide, compile.AsBytes(t.V4Wide)}, {m.V4Bitmaps, compile.AsBytes(t.V4Bitmaps)}, {m.V4Tbl8s, compile.AsBytes(t.V4Tbl8s)},
+		{m.V6Blocks, compile.AsBytes(t.V6Blocks)}, {m.V6Short, compile.AsBytes(t.V6Short)}, {m.V6Long, compile.AsBytes(t.V6Long)},
+		{m.Classes, compile.AsBytes(t.Classes)},
 	} {
 		if err := writeArray(a.m, a.data); err != nil {
 			return err

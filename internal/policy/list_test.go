@@ -2,10 +2,12 @@ package policy
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -327,4 +329,62 @@ func FuzzParseV4(f *testing.F) {
 			t.Fatalf("parseV4(%q) = %v/%d, netip %v", s, UintToV4(a), bits, want)
 		}
 	})
+}
+
+// TestSectionLineNumbers: a file big enough to be parsed in sections
+// reports errors and skipped lines with the whole file's line numbers, and
+// loses and doubles no entry at the sections' seams.
+func TestSectionLineNumbers(t *testing.T) {
+	runtime.GOMAXPROCS(max(4, runtime.GOMAXPROCS(0))) // sections even on one CPU
+	const lines, bad = 1_000_000, 876_543
+	var b strings.Builder
+	for i := 1; i <= lines; i++ {
+		switch {
+		case i == bad:
+			b.WriteString("not-an-address\n")
+		case i%1000 == 0:
+			b.WriteString("\n# a comment\n") // two lines
+			i++
+		default:
+			b.WriteString(UintToV4(uint32(0x0a000000+i)).String() + "\n")
+		}
+	}
+	if b.Len() < 8<<20 {
+		t.Fatalf("the file is %d bytes: too small to be cut in sections", b.Len())
+	}
+	file := writeList(t, b.String())
+	_, err := readList(t, 4, Options{}, file)
+	var e *Error
+	if !errors.As(err, &e) || e.Line != bad || e.File != file {
+		t.Fatalf("error %v, want one at %s:%d", err, file, bad)
+	}
+	l, err := readList(t, 4, Options{Lenient: true}, file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := lines - 1 - (2*(lines/1000) - 1) // the bad line; each comment pair replaces two addresses, the last one
+	if l.Skipped != 1 || !strings.Contains(l.FirstSkipped, fmt.Sprintf(":%d:", bad)) || l.Entries != want {
+		t.Errorf("lenient: %d skipped (%s), %d entries, want 1 at line %d and %d", l.Skipped, l.FirstSkipped, l.Entries, bad, want)
+	}
+}
+
+// TestSortRanges6 checks the radix sort of big IPv6 range sets against a
+// comparison sort, with many ranges sharing their high 64 bits.
+func TestSortRanges6(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	rs := make([]Range6, 200_000)
+	for i := range rs {
+		hi := rng.Uint64()
+		if i%3 == 0 {
+			hi = uint64(rng.IntN(50)) << 32 // ties in the high bits
+		}
+		rs[i].Lo = U128{hi, rng.Uint64()}
+		rs[i].Hi = rs[i].Lo
+	}
+	want := slices.Clone(rs)
+	slices.SortFunc(want, func(a, b Range6) int { return a.Lo.Cmp(b.Lo) })
+	sortRanges6(rs)
+	if !slices.Equal(rs, want) {
+		t.Error("the radix sort disagrees with a comparison sort")
+	}
 }

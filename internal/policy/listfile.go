@@ -9,6 +9,9 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -84,64 +87,155 @@ func readRegular(path string, ctx context.Context) ([]byte, error) {
 // '#' and ';' start comments; blank lines are ignored.
 
 // readFile reads one list file into b. family 4 or 6 refuses entries of the
-// other family.
+// other family. A big file is parsed in sections, one per CPU, each into a
+// builder of its own; errors and skipped lines are reported with the line
+// numbers of the whole file.
 func (b *listBuilder) readFile(path string, family int, opt Options) error {
 	f, st, err := openRegular(path)
 	if err != nil {
 		return fmt.Errorf("list file %s: %w", path, err)
 	}
 	defer f.Close()
-	if st.Size() == 0 {
+	size := st.Size()
+	if size == 0 {
 		return &Error{File: path, Msg: "file is empty (0 bytes); an empty list file is usually a failed download (for an intentionally empty list, write prefixes: [])"}
 	}
+	bounds, err := sections(f, size, min(runtime.GOMAXPROCS(0), int(size/(4<<20))+1))
+	if err != nil {
+		return fmt.Errorf("list file %s: %w", path, err)
+	}
+	parts := make([]sectionResult, len(bounds)-1)
+	var read atomic.Int64
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			progress := func(n int64) {
+				total := read.Add(n)
+				if i == 0 && opt.Progress != nil {
+					opt.Progress(path, total, size)
+				}
+			}
+			parts[i] = parseSection(io.NewSectionReader(f, bounds[i], bounds[i+1]-bounds[i]), i == 0, family, opt, progress)
+		}()
+	}
+	wg.Wait()
+	lines := 0 // lines before the section
 	before := b.entries
-	r := bufio.NewReaderSize(f, 1<<20)
-	var read int64
-	for line := 1; ; line++ {
-		text, err := r.ReadSlice('\n')
-		read += int64(len(text))
-		if errors.Is(err, bufio.ErrBufferFull) {
-			return &Error{File: path, Line: line, Msg: "line longer than 1 MiB: this is not a list file"}
-		}
-		if line == 1 {
-			text = bytes.TrimPrefix(text, utf8BOM)
-		}
-		if len(text) > 0 {
-			if bytes.IndexByte(text, 0) >= 0 {
-				return &Error{File: path, Line: line, Msg: "binary data (a NUL byte): this is not a text list file"}
+	for _, p := range parts {
+		if p.err != nil {
+			var e *Error
+			switch {
+			case errors.As(p.err, &e):
+				e.File, e.Line = path, e.Line+lines
+				return e
+			case p.interruptedAt > 0:
+				return fmt.Errorf("list file %s: interrupted at line %d: %w", path, p.interruptedAt+lines, p.err)
 			}
-			if perr := b.parseLine(text, family); perr != nil {
-				if !opt.Lenient {
-					return &Error{File: path, Line: line, Msg: perr.Error() + " (--lenient skips bad lines)"}
-				}
-				b.skipped++
-				if b.firstSkip == "" {
-					b.firstSkip = (&Error{File: path, Line: line, Msg: perr.Error()}).Error()
-				}
-			}
+			return fmt.Errorf("list file %s: %w", path, p.err)
 		}
-		if line&(1<<16-1) == 0 {
-			if opt.Context != nil && opt.Context.Err() != nil {
-				return fmt.Errorf("list file %s: interrupted at line %d: %w", path, line, opt.Context.Err())
-			}
-			if opt.Progress != nil && line&(1<<18-1) == 0 {
-				opt.Progress(path, read, st.Size())
-			}
+		if p.firstSkip != nil && b.firstSkip == "" {
+			p.firstSkip.File, p.firstSkip.Line = path, p.firstSkip.Line+lines
+			b.firstSkip = p.firstSkip.Error()
 		}
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("list file %s: %w", path, err)
-		}
+		b.v4, b.v6 = append(b.v4, p.b.v4...), append(b.v6, p.b.v6...)
+		b.entries += p.b.entries
+		b.skipped += p.b.skipped
+		lines += p.lines
 	}
 	if opt.Progress != nil {
-		opt.Progress(path, read, st.Size())
+		opt.Progress(path, size, size)
 	}
 	if b.entries == before {
 		return &Error{File: path, Msg: "no entries in the file (for an intentionally empty list, write prefixes: [])"}
 	}
 	return nil
+}
+
+// sections cuts a file into n parts that end at line ends: the offsets of
+// their starts, and the size.
+func sections(f io.ReaderAt, size int64, n int) ([]int64, error) {
+	bounds := []int64{0}
+	buf := make([]byte, 4096)
+	for k := 1; k < n; k++ {
+		at := max(size*int64(k)/int64(n), bounds[len(bounds)-1])
+		for at < size {
+			m, err := f.ReadAt(buf, at)
+			if i := bytes.IndexByte(buf[:m], '\n'); i >= 0 {
+				at += int64(i) + 1
+				break
+			}
+			at += int64(m)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, err
+			}
+		}
+		if at < size && at > bounds[len(bounds)-1] {
+			bounds = append(bounds, at)
+		}
+	}
+	return append(bounds, size), nil
+}
+
+// sectionResult is what parsing one section gave: its entries, its line
+// count, and errors with line numbers counted from the section's start.
+type sectionResult struct {
+	b             listBuilder
+	lines         int
+	err           error
+	interruptedAt int // the line where the context's end was seen
+	firstSkip     *Error
+}
+
+// parseSection parses whole lines; first is the file's first section.
+func parseSection(sr io.Reader, first bool, family int, opt Options, progress func(int64)) (res sectionResult) {
+	r := bufio.NewReaderSize(sr, 1<<20)
+	var pending int64
+	for line := 1; ; line++ {
+		text, err := r.ReadSlice('\n')
+		pending += int64(len(text))
+		if errors.Is(err, bufio.ErrBufferFull) {
+			res.err = &Error{Line: line, Msg: "line longer than 1 MiB: this is not a list file"}
+			return res
+		}
+		if first && line == 1 {
+			text = bytes.TrimPrefix(text, utf8BOM)
+		}
+		if len(text) > 0 {
+			res.lines = line
+			if bytes.IndexByte(text, 0) >= 0 {
+				res.err = &Error{Line: line, Msg: "binary data (a NUL byte): this is not a text list file"}
+				return res
+			}
+			if perr := res.b.parseLine(text, family); perr != nil {
+				if !opt.Lenient {
+					res.err = &Error{Line: line, Msg: perr.Error() + " (--lenient skips bad lines)"}
+					return res
+				}
+				res.b.skipped++
+				if res.firstSkip == nil {
+					res.firstSkip = &Error{Line: line, Msg: perr.Error()}
+				}
+			}
+		}
+		if line&(1<<16-1) == 0 {
+			if opt.Context != nil && opt.Context.Err() != nil {
+				res.err, res.interruptedAt = opt.Context.Err(), line
+				return res
+			}
+			progress(pending)
+			pending = 0
+		}
+		if err == io.EOF {
+			progress(pending)
+			return res
+		}
+		if err != nil {
+			res.err = err
+			return res
+		}
+	}
 }
 
 // parseLine adds the entry on one line, if any.

@@ -125,15 +125,12 @@ func sortRanges6(rs []Range6) {
 		slices.SortFunc(rs, byLo)
 		return
 	}
-	digit := func(r Range6, d int) int {
-		if d < 4 {
-			return int(r.Lo.Lo>>(16*d)) & 0xffff
-		}
-		return int(r.Lo.Hi>>(16*(d-4))) & 0xffff
-	}
+	// A radix sort on the high 64 bits, then runs of equal high bits (rare
+	// but for /128s in one /64) by the low ones.
+	digit := func(r Range6, d int) int { return int(r.Lo.Hi>>(16*d)) & 0xffff }
 	tmp := make([]Range6, len(rs))
 	src, dst := rs, tmp
-	for d := 0; d < 8; d++ {
+	for d := 0; d < 4; d++ {
 		var count [1<<16 + 1]int
 		first, same := digit(src[0], d), true
 		for _, r := range src {
@@ -156,5 +153,15 @@ func sortRanges6(rs []Range6) {
 	}
 	if &src[0] != &rs[0] {
 		copy(rs, src)
+	}
+	for i := 0; i < len(rs); {
+		j := i + 1
+		for j < len(rs) && rs[j].Lo.Hi == rs[i].Lo.Hi {
+			j++
+		}
+		if j-i > 1 {
+			slices.SortFunc(rs[i:j], byLo)
+		}
+		i = j
 	}
 }
