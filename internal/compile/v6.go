@@ -72,7 +72,13 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 	if !slices.IsSortedFunc(marks, byBlock) {
 		slices.SortFunc(marks, byBlock)
 	}
-	var blocks []abi.V6Block
+	nBlocks := 0
+	for i, m := range marks {
+		if i == 0 || m.blk != marks[i-1].blk {
+			nBlocks++
+		}
+	}
+	blocks := make([]abi.V6Block, 0, nBlocks)
 	baseLen := uint8(0) // the length of the prefix that gave the block its class
 	for _, m := range marks {
 		if n := len(blocks); n == 0 || blocks[n-1].Key != m.blk+1 {

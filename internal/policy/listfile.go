@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -123,6 +124,11 @@ func (b *listBuilder) readFile(path string, family int, opt Options) error {
 	wg.Wait()
 	lines := 0 // lines before the section
 	before := b.entries
+	n4, n6 := len(b.v4), len(b.v6)
+	for _, p := range parts {
+		n4, n6 = n4+len(p.b.v4), n6+len(p.b.v6)
+	}
+	b.v4, b.v6 = slices.Grow(b.v4, n4-len(b.v4)), slices.Grow(b.v6, n6-len(b.v6))
 	for _, p := range parts {
 		if p.err != nil {
 			var e *Error
@@ -189,8 +195,20 @@ type sectionResult struct {
 }
 
 // parseSection parses whole lines; first is the file's first section.
-func parseSection(sr io.Reader, first bool, family int, opt Options, progress func(int64)) (res sectionResult) {
+func parseSection(sr *io.SectionReader, first bool, family int, opt Options, progress func(int64)) (res sectionResult) {
 	r := bufio.NewReaderSize(sr, 1<<20)
+	// Room for the entries the section's first lines promise: growing the
+	// slices would copy them, and touch fresh pages, several times over.
+	if head, _ := r.Peek(64 << 10); len(head) > 0 {
+		if n := bytes.Count(head, []byte{'\n'}); n > 0 {
+			est := int(sr.Size() * int64(n) / int64(len(head)) * 9 / 8)
+			if bytes.IndexByte(head, ':') >= 0 {
+				res.b.v6 = make([]Range6, 0, est)
+			} else {
+				res.b.v4 = make([]Range4, 0, est)
+			}
+		}
+	}
 	var pending int64
 	for line := 1; ; line++ {
 		text, err := r.ReadSlice('\n')
