@@ -197,9 +197,9 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 // a shared machine falls on all of them alike, and fills their rows.
 func measure(o Options, frame []byte, subjects []subject, rows map[string]*Result, progress func(run int)) error {
 	ns := make([][]float64, len(subjects))
-	before := make([]uint64, len(subjects))
+	before := make([][2]uint64, len(subjects))
 	for i, s := range subjects {
-		before[i] = sumHits(s.hits)
+		before[i] = lookupsAndHits(s.hits)
 	}
 	for run := 0; run < o.Runs; run++ {
 		progress(run)
@@ -219,7 +219,8 @@ func measure(o Options, frame []byte, subjects []subject, rows map[string]*Resul
 		slices.Sort(ns[i])
 		r.NsPerPacket, r.NsMin, r.NsMax = ns[i][len(ns[i])/2], ns[i][0], ns[i][len(ns[i])-1]
 		if s.hits != nil {
-			r.HitRate = ptr(float64(sumHits(s.hits)-before[i]) / float64(o.Runs*o.Repeat))
+			after := lookupsAndHits(s.hits)
+			r.HitRate = ptr(float64(after[1]-before[i][1]) / float64(max(1, after[0]-before[i][0])))
 		}
 	}
 	base, one := rows[Baseline].NsPerPacket, rows[OneRead].NsPerPacket
@@ -389,13 +390,20 @@ func rampart(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (compile.Table
 	return tables, objs, r
 }
 
-// sumHits is the hit count of a rampart or kernel-LPM run; a baseline run
-// has no map and no hits.
-func sumHits(m *ebpf.Map) uint64 {
+// lookupsAndHits reads a lookup program's counts; a baseline run has no
+// map and no hits.
+func lookupsAndHits(m *ebpf.Map) (n [2]uint64) {
 	if m == nil {
-		return 0
+		return n
 	}
-	n, _ := datapath.SumPerCPU(m)
+	for k := range n {
+		var percpu []uint64
+		if m.Lookup(uint32(k), &percpu) == nil {
+			for _, v := range percpu {
+				n[k] += v
+			}
+		}
+	}
 	return n
 }
 

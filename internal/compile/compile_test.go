@@ -195,3 +195,26 @@ func TestCuckoo(t *testing.T) {
 		}
 	}
 }
+
+// TestAggregation: adjacent and sibling entries of a list merge before they
+// reach the tables (a country's IPv6 ranges come as thousands of pieces).
+func TestAggregation(t *testing.T) {
+	var ps []netip.Prefix
+	for i := 0; i < 1<<12; i++ { // every /44 of 2001:db8::/32, out of order
+		var b [16]byte
+		b[0], b[1], b[2], b[3] = 0x20, 0x01, 0x0d, 0xb8
+		j := (i * 2654435761) & (1<<12 - 1)
+		b[4], b[5] = byte(j>>4), byte(j<<4)
+		ps = append(ps, netip.PrefixFrom(netip.AddrFrom16(b), 44))
+	}
+	ps = append(ps, netip.MustParsePrefix("2001:db9::/48"), netip.MustParsePrefix("2001:db9:1::/48")) // siblings: one /47
+	tb := BuildTables([]*policy.List{policy.NewList("country", ps)}, []uint64{1})
+	if n := tb.V6Prefixes(); n != 2 {
+		t.Errorf("%d IPv6 prefixes in the tables, want 2 (2001:db8::/32 and 2001:db9::/47)", n)
+	}
+	for addr, want := range map[string]uint64{"2001:db8:ffff::1": 1, "2001:db9:1:ffff::": 1, "2001:db9:2::": 0, "2001:db7:ffff::": 0} {
+		if got := lookup6(&tb, netip.MustParseAddr(addr)); got != want {
+			t.Errorf("%s: %b, want %b", addr, got, want)
+		}
+	}
+}

@@ -305,6 +305,36 @@ func FuzzRanges(f *testing.F) {
 	f.Fuzz(fuzzList)
 }
 
+// FuzzParseV6 holds the allocation-free IPv6 parser to netip's rules: what
+// it accepts, netip parses to the same prefix (it may leave forms to netip).
+func FuzzParseV6(f *testing.F) {
+	for _, s := range []string{"2001:db8::1", "2001:DB8::/32", "::", "::1", "1::", "1:2:3:4:5:6:7:8", "1:2:3:4:5:6:7::8", "1::2::3",
+		"::ffff:1.2.3.4", "::ffff:102:304", "12345::", "2001:db8::/129", "2001:db8::/032", "fe80::1%eth0", ":1::", "1:", "2001:db8:0:0:0:0:0:0/64"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		a, bits, ok := parseV6([]byte(s))
+		if !ok {
+			return
+		}
+		var want netip.Prefix
+		var err error
+		if strings.Contains(s, "/") {
+			want, err = netip.ParsePrefix(s)
+		} else {
+			var addr netip.Addr
+			addr, err = netip.ParseAddr(s)
+			want = netip.PrefixFrom(addr, 128)
+		}
+		if err != nil || !want.Addr().Is6() || want.Addr().Is4In6() || want.Addr().Zone() != "" {
+			t.Fatalf("parseV6(%q) accepted what netip refuses or reads otherwise (%v, %v)", s, want, err)
+		}
+		if a.Addr() != want.Addr() || bits != want.Bits() {
+			t.Fatalf("parseV6(%q) = %v/%d, netip %v", s, a.Addr(), bits, want)
+		}
+	})
+}
+
 // FuzzParseV4 holds the allocation-free IPv4 parser to netip's rules.
 func FuzzParseV4(f *testing.F) {
 	for _, s := range []string{"1.2.3.4", "1.2.3.4/24", "01.2.3.4", "1.2.3.4/033", "255.255.255.255/32", "1.2.3", "1.2.3.4/", "256.1.1.1"} {
@@ -386,5 +416,18 @@ func TestSortRanges6(t *testing.T) {
 	sortRanges6(rs)
 	if !slices.Equal(rs, want) {
 		t.Error("the radix sort disagrees with a comparison sort")
+	}
+}
+
+// TestParseV6Forms: the fast path takes the plain forms and leaves the rest.
+func TestParseV6Forms(t *testing.T) {
+	for s, want := range map[string]bool{
+		"2001:db8::1": true, "::": true, "::1": true, "1::": true, "1:2:3:4:5:6:7:8": true, "2001:DB8::/32": true, "2001:db8::/0": true,
+		"::ffff:1.2.3.4": false, "::ffff:102:304": false, "1::2::3": false, "fe80::1%eth0": false, "12345::": false, "1:2:3:4:5:6:7:8:9": false,
+		"2001:db8::/129": false, "2001:db8::/032": false, ":1::": false, "1:": false, "": false,
+	} {
+		if _, _, ok := parseV6([]byte(s)); ok != want {
+			t.Errorf("parseV6(%q) ok = %v, want %v", s, ok, want)
+		}
 	}
 }

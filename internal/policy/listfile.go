@@ -286,6 +286,15 @@ func (b *listBuilder) parseEntry(s []byte, family int) error {
 		b.v4 = append(b.v4, Range4{a &^ mask, a | mask})
 		return nil
 	}
+	// The same for plain IPv6 (hex groups, one "::", a length).
+	if family != 4 {
+		if a, bits, ok := parseV6(s); ok {
+			b.entries++
+			host := LowMask(128 - bits)
+			b.v6 = append(b.v6, Range6{U128{a.Hi &^ host.Hi, a.Lo &^ host.Lo}, a.Or(host)})
+			return nil
+		}
+	}
 	p, err := ParsePrefix(string(s))
 	if err != nil {
 		return err
@@ -350,6 +359,94 @@ func RangePrefixes(lo, hi netip.Addr) []netip.Prefix {
 
 // parseV4 reads "a.b.c.d" or "a.b.c.d/n" with the same rules as netip (no
 // leading zeros) without allocating; anything else is left to netip.
+// parseV6 parses the plain IPv6 forms (hex groups, at most one "::", an
+// optional length) without allocating; anything else (a dotted IPv4 tail, a
+// zone, IPv4-mapped addresses, which are IPv4) is left to netip.
+func parseV6(s []byte) (addr U128, bits int, ok bool) {
+	var g [8]uint16
+	n, gap := 0, -1 // groups seen; where "::" stands
+	i := 0
+	if len(s) >= 2 && s[0] == ':' && s[1] == ':' {
+		gap, i = 0, 2
+	}
+	for i < len(s) && s[i] != '/' {
+		if n == 8 {
+			return addr, 0, false
+		}
+		v, d := 0, 0
+		for ; i < len(s) && d < 5; i, d = i+1, d+1 {
+			c := s[i]
+			switch {
+			case c >= '0' && c <= '9':
+				v = v<<4 | int(c-'0')
+			case c >= 'a' && c <= 'f':
+				v = v<<4 | int(c-'a'+10)
+			case c >= 'A' && c <= 'F':
+				v = v<<4 | int(c-'A'+10)
+			default:
+				goto end
+			}
+		}
+	end:
+		if d == 0 || d > 4 {
+			return addr, 0, false
+		}
+		g[n] = uint16(v)
+		n++
+		if i == len(s) || s[i] == '/' {
+			break
+		}
+		if s[i] != ':' {
+			return addr, 0, false
+		}
+		i++
+		if i < len(s) && s[i] == ':' {
+			if gap >= 0 {
+				return addr, 0, false
+			}
+			gap = n
+			i++
+			if i == len(s) || s[i] == '/' {
+				break
+			}
+		} else if i == len(s) || s[i] == '/' {
+			return addr, 0, false // a trailing single ':'
+		}
+	}
+	switch {
+	case gap < 0 && n != 8, gap >= 0 && n > 7:
+		return addr, 0, false
+	case gap >= 0:
+		copy(g[8-(n-gap):], g[gap:n])
+		clear(g[gap : 8-(n-gap)])
+	}
+	for k := 0; k < 4; k++ {
+		addr.Hi = addr.Hi<<16 | uint64(g[k])
+		addr.Lo = addr.Lo<<16 | uint64(g[k+4])
+	}
+	if addr.Hi == 0 && addr.Lo>>32 == 0xffff {
+		return addr, 0, false // IPv4-mapped: netip's path unmaps it
+	}
+	bits = 128
+	if i < len(s) {
+		l := s[i+1:]
+		if len(l) == 0 || len(l) > 3 || (l[0] == '0' && len(l) > 1) {
+			return addr, 0, false
+		}
+		bits = 0
+		for _, c := range l {
+			if c < '0' || c > '9' {
+				return addr, 0, false
+			}
+			bits = bits*10 + int(c-'0')
+		}
+		if bits > 128 {
+			return addr, 0, false
+		}
+	}
+	return addr, bits, true
+}
+
 func parseV4(s []byte) (addr uint32, bits int, ok bool) {
 	bits = 32
 	i := 0
