@@ -305,6 +305,15 @@ func FuzzRanges(f *testing.F) {
 	f.Fuzz(fuzzList)
 }
 
+// netipPrefix is what netip reads in a list entry without a range.
+func netipPrefix(s string) (netip.Prefix, error) {
+	if strings.Contains(s, "/") {
+		return netip.ParsePrefix(s)
+	}
+	a, err := netip.ParseAddr(s)
+	return netip.PrefixFrom(a, a.BitLen()), err
+}
+
 // FuzzParseV6 holds the allocation-free IPv6 parser to netip's rules: what
 // it accepts, netip parses to the same prefix (it may leave forms to netip).
 func FuzzParseV6(f *testing.F) {
@@ -317,15 +326,7 @@ func FuzzParseV6(f *testing.F) {
 		if !ok {
 			return
 		}
-		var want netip.Prefix
-		var err error
-		if strings.Contains(s, "/") {
-			want, err = netip.ParsePrefix(s)
-		} else {
-			var addr netip.Addr
-			addr, err = netip.ParseAddr(s)
-			want = netip.PrefixFrom(addr, 128)
-		}
+		want, err := netipPrefix(s)
 		if err != nil || !want.Addr().Is6() || want.Addr().Is4In6() || want.Addr().Zone() != "" {
 			t.Fatalf("parseV6(%q) accepted what netip refuses or reads otherwise (%v, %v)", s, want, err)
 		}
@@ -342,15 +343,7 @@ func FuzzParseV4(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string) {
 		a, bits, ok := parseV4([]byte(s))
-		var want netip.Prefix
-		var err error
-		if strings.Contains(s, "/") {
-			want, err = netip.ParsePrefix(s)
-		} else {
-			var addr netip.Addr
-			addr, err = netip.ParseAddr(s)
-			want = netip.PrefixFrom(addr, 32)
-		}
+		want, err := netipPrefix(s)
 		wantOK := err == nil && want.Addr().Is4()
 		if ok && !wantOK {
 			t.Fatalf("parseV4(%q) accepted what netip refuses (%v)", s, err)
