@@ -82,44 +82,34 @@ func placeCuckoo(keys []uint32, sh shape) (pos []uint32, buckets uint32, mul [2]
 	for seed := uint64(1); ; seed++ {
 		buckets = pages * abi.PageBuckets
 		mul = blockMultipliers(seed)
-		if table, ok := cuckoo(keys, sh, buckets, mul, seed); ok {
-			pos = make([]uint32, len(keys))
-			for s, k := range table {
-				if k != 0 {
-					pos[k-1] = uint32(s)
-				}
-			}
+		if pos, ok := cuckoo(keys, sh, buckets, mul, seed); ok {
 			return pos, buckets, mul
 		}
 		pages += pages/16 + 1 // unlucky or a page too full: more room
 	}
 }
 
-// cuckoo inserts every key, in the order of their first buckets (so the
-// table is written front to back, in cache, not at random); when both a
-// key's buckets are full it first looks for a key in them that can move to
-// its other bucket, then evicts along a pseudo-random walk. The table holds
-// key index + 1 per slot (0: free).
+// candidate is a key to place: its buckets and its index in keys.
+type candidate struct {
+	bucket [2]uint32
+	key    uint32
+}
+
+// cuckoo places every key and returns their slots. Keys are placed page by
+// page of their first bucket (a radix sort by page), so the table, and
+// for page-local shapes every eviction, stays in cache instead of being
+// written at random. When both of a key's buckets are full it first looks
+// for a key in them that can move to its other bucket, then evicts along a
+// pseudo-random walk.
 func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
 	slots := sh.slots
-	pairs := make([][2]uint32, len(keys))
-	start := make([]uint32, n+1) // a counting sort by first bucket
+	cands := make([]candidate, len(keys))
 	for i, k := range keys {
-		pairs[i] = bucketPair(k, mul, n, sh.local)
-		start[pairs[i][0]+1]++
+		cands[i] = candidate{bucketPair(k, mul, n, sh.local), uint32(i)}
 	}
-	for b := uint32(1); b <= n; b++ {
-		start[b] += start[b-1]
-	}
-	order := make([]uint32, len(keys))
-	for i := range keys {
-		b := pairs[i][0]
-		order[start[b]] = uint32(i)
-		start[b]++
-	}
-	start = nil
+	sortByPage(cands, n/abi.PageBuckets)
 
-	table := make([]uint32, int(n)*slots)
+	table := make([]uint32, int(n)*slots) // candidate index + 1 per slot; 0: free
 	free := func(b uint32) int {
 		for s := int(b) * slots; s < int(b+1)*slots; s++ {
 			if table[s] == 0 {
@@ -132,10 +122,10 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 	// bucket, if that has room.
 	moveOne := func(b uint32) int {
 		for s := int(b) * slots; s < int(b+1)*slots; s++ {
-			p := pairs[table[s]-1]
-			other := p[0]
+			c := cands[table[s]-1].bucket
+			other := c[0]
 			if other == b {
-				other = p[1]
+				other = c[1]
 			}
 			if f := free(other); f >= 0 {
 				table[f] = table[s]
@@ -145,10 +135,10 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 		return -1
 	}
 	rng := seed
-	for _, i := range order {
-		item := i + 1
+	for i := range cands {
+		item := uint32(i + 1)
 		for kick := 0; ; kick++ {
-			b := pairs[item-1]
+			b := cands[item-1].bucket
 			s := free(b[0])
 			if s < 0 {
 				s = free(b[1])
@@ -172,5 +162,38 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 			table[s], item = item, table[s]
 		}
 	}
-	return table, true
+	pos := make([]uint32, len(keys))
+	for s, c := range table {
+		if c != 0 {
+			pos[cands[c-1].key] = uint32(s)
+		}
+	}
+	return pos, true
+}
+
+// sortByPage orders candidates by the page of their first bucket with an
+// LSD radix sort of 11-bit digits: every pass reads and writes in order, far
+// faster than scattering millions of candidates at random.
+func sortByPage(cands []candidate, pages uint32) {
+	page := func(c candidate) uint32 { return c.bucket[0] / abi.PageBuckets }
+	tmp := make([]candidate, len(cands))
+	src, dst := cands, tmp
+	for shift := uint32(0); pages>>shift > 0; shift += 11 {
+		var count [1<<11 + 1]int
+		for _, c := range src {
+			count[page(c)>>shift&(1<<11-1)+1]++
+		}
+		for d := 1; d < len(count); d++ {
+			count[d] += count[d-1]
+		}
+		for _, c := range src {
+			d := page(c) >> shift & (1<<11 - 1)
+			dst[count[d]] = c
+			count[d]++
+		}
+		src, dst = dst, src
+	}
+	if len(cands) > 0 && &src[0] != &cands[0] {
+		copy(cands, src)
+	}
 }
