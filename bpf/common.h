@@ -31,6 +31,8 @@ enum slot {
 enum action {
 	ACTION_PASS = 0,
 	ACTION_DROP = 1,
+	ACTION_LIMIT = 2,     /* pass under the rule's limit, drop over it */
+	ACTION_SYNCOOKIE = 3, /* answer TCP SYNs with a cookie; pass the rest */
 };
 
 /* Which fields of a rule take part in the match. */
@@ -57,6 +59,51 @@ struct rule {
 	__u8 flags_set;   /* TCP flags that must be set */
 	__u8 flags_clear; /* TCP flags that must be clear */
 	__u8 action;      /* enum action */
+	__u16 rule;       /* the policy's rule: a rule with port lists takes several entries */
+	__u16 pad;
+};
+
+/* Rate limits: the generic cell rate algorithm. A packet costs interval ns
+ * (per byte, scaled by 2^LIMIT_BYTE_SHIFT, for a bit rate) of the schedule,
+ * which may run up to tolerance ns ahead of now: the burst. */
+enum limit_flags {
+	LIMIT_PER_SOURCE = 1,
+	LIMIT_BYTES = 2,
+	LIMIT_BYTE_SHIFT = 16,
+	LIMIT_WAYS = 4, /* per-source schedules per bucket */
+};
+
+struct limit {
+	__u64 interval;
+	__u64 tolerance;
+	__u8 flags;
+	__u8 prefix4; /* per source: the prefix one schedule covers */
+	__u8 prefix6;
+	__u8 pad[5];
+};
+
+struct limit_entry {
+	__u64 tag; /* SipHash of rule and source prefix, low bit set; 0: empty */
+	__u64 tat; /* the schedule: theoretical arrival time, ns */
+};
+
+struct limit_bucket {
+	struct limit_entry way[LIMIT_WAYS];
+};
+
+/* What limit and syncookie rules did besides matching, per rule. */
+enum rule_event {
+	EVENT_OVER = 0,
+	EVENT_COOKIE_SENT = 1,
+	EVENT_COOKIE_OK = 2,
+	EVENT_COOKIE_BAD = 3,
+};
+
+struct rule_events {
+	__u64 over;         /* dropped over the limit */
+	__u64 cookies_sent; /* SYN-ACKs answered with a cookie */
+	__u64 cookies_ok;   /* ACKs whose cookie held: connections handed on */
+	__u64 cookies_bad;  /* ACKs to a listener whose cookie did not */
 };
 
 struct counter {

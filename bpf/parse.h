@@ -50,6 +50,8 @@ struct pkt {
 	__u8 tcp_flags;
 	__u8 l4;        /* enum l4_state */
 	__u8 l4_len;    /* TCP and UDP: 0, L4_PORTS or L4_FLAGS bytes read */
+	__u16 l3_off;   /* where the IP header starts */
+	__u16 l4_off;   /* where the TCP or UDP header starts (when l4_len) */
 };
 
 /* Offsets up to this are read in place: the verifier wants a bound, and a
@@ -128,6 +130,7 @@ static __always_inline void read_l4(const struct l4_head *h, __u32 n, struct pkt
 static __always_inline void parse_l4(const struct frame *f, __u32 off, __u32 end, struct pkt *p, const int skb)
 {
 	p->l4 = L4_HEADER;
+	p->l4_off = off;
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return;
 	__u32 avail = end > off ? end - off : 0;
@@ -166,6 +169,7 @@ static __always_inline int ipv4_header(const struct frame *f, __u32 off, const s
 		return PARSE_MALFORMED;
 
 	p->family = 4;
+	p->l3_off = off;
 	p->len = tot;
 	p->proto = ip->protocol;
 	*(__u32 *)p->saddr = ip->saddr;
@@ -256,6 +260,7 @@ static __always_inline int ipv6_header(const struct frame *f, __u32 off, const s
 {
 	if (ip6->version != 6)
 		return PARSE_MALFORMED;
+	p->l3_off = off;
 	__u32 plen = bpf_ntohs(ip6->payload_len);
 	__u32 end = off + 40 + plen;
 	if (plen == 0) /* a jumbogram or a BIG TCP packet: the frame says */

@@ -20,7 +20,8 @@ type Rule struct {
 	FlagsSet   uint8
 	FlagsClear uint8
 	Action     uint8
-	_          [4]byte
+	Rule       uint16
+	Pad        uint16
 }
 
 // Counter is struct counter.
@@ -126,6 +127,39 @@ type V6LongBucket struct {
 	Slot [2]V6LongSlot
 }
 
+// Limit is struct limit.
+type Limit struct {
+	_         structs.HostLayout
+	Interval  uint64
+	Tolerance uint64
+	Flags     uint8
+	Prefix4   uint8
+	Prefix6   uint8
+	Pad       [5]uint8
+}
+
+// LimitEntry is struct limit_entry.
+type LimitEntry struct {
+	_   structs.HostLayout
+	Tag uint64
+	Tat uint64
+}
+
+// LimitBucket is struct limit_bucket.
+type LimitBucket struct {
+	_   structs.HostLayout
+	Way [4]LimitEntry
+}
+
+// RuleEvents is struct rule_events.
+type RuleEvents struct {
+	_           structs.HostLayout
+	Over        uint64
+	CookiesSent uint64
+	CookiesOk   uint64
+	CookiesBad  uint64
+}
+
 // enum limits
 const (
 	MaxRules     = 256
@@ -147,8 +181,10 @@ const (
 
 // enum action
 const (
-	ActionPass = 0
-	ActionDrop = 1
+	ActionPass      = 0
+	ActionDrop      = 1
+	ActionLimit     = 2
+	ActionSyncookie = 3
 )
 
 // enum match_field
@@ -191,4 +227,20 @@ const (
 const (
 	V6ShortMin = 25
 	V6LongMin  = 65
+)
+
+// enum limit_flags
+const (
+	LimitPerSource = 1
+	LimitBytes     = 2
+	LimitByteShift = 16
+	LimitWays      = 4
+)
+
+// enum rule_event
+const (
+	EventOver       = 0
+	EventCookieSent = 1
+	EventCookieOk   = 2
+	EventCookieBad  = 3
 )

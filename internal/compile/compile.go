@@ -21,8 +21,8 @@ func Build(pol *policy.Policy) *Image {
 	}
 
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction())}
-	for _, r := range pol.Rules {
-		cr := abi.Rule{Action: action(r.Action)}
+	for i, r := range pol.Rules {
+		cr := abi.Rule{Action: action(r.Action), Rule: uint16(i)}
 		img.NeedL4 = img.NeedL4 || r.NeedsL4()
 		for _, n := range r.Src {
 			cr.SrcLists |= bit(n)
@@ -44,14 +44,6 @@ func Build(pol *policy.Policy) *Image {
 			cr.Match |= abi.MatchProto
 			cr.Proto = uint8(r.Proto)
 		}
-		if r.Sport != nil {
-			cr.Match |= abi.MatchSport
-			cr.SportLo, cr.SportHi = r.Sport.Lo, r.Sport.Hi
-		}
-		if r.Dport != nil {
-			cr.Match |= abi.MatchDport
-			cr.DportLo, cr.DportHi = r.Dport.Lo, r.Dport.Hi
-		}
 		if r.Length != nil {
 			cr.Match |= abi.MatchLength
 			cr.LenLo, cr.LenHi = r.Length.Lo, r.Length.Hi
@@ -60,7 +52,26 @@ func Build(pol *policy.Policy) *Image {
 			cr.Match |= abi.MatchTCPFlags
 			cr.FlagsSet, cr.FlagsClear = r.FlagsOn, r.FlagsOff
 		}
-		img.Rules = append(img.Rules, cr)
+		if r.Limit != nil {
+			img.Limits[i] = limit(r.Limit)
+			img.PerSource = img.PerSource || r.Limit.PerSource
+		}
+		img.Syncookie = img.Syncookie || r.Action == policy.Syncookie
+		// One entry per pair of port ranges, all counted as the rule.
+		for _, sp := range orAny(r.Sport) {
+			for _, dp := range orAny(r.Dport) {
+				e := cr
+				if sp != nil {
+					e.Match |= abi.MatchSport
+					e.SportLo, e.SportHi = sp.Lo, sp.Hi
+				}
+				if dp != nil {
+					e.Match |= abi.MatchDport
+					e.DportLo, e.DportHi = dp.Lo, dp.Hi
+				}
+				img.Rules = append(img.Rules, e)
+			}
+		}
 	}
 
 	img.Lists = bits
@@ -92,8 +103,45 @@ func BuildTables(lists []*policy.List, bits []uint64) Tables {
 }
 
 func action(a policy.Action) uint8 {
-	if a == policy.Drop {
+	switch a {
+	case policy.Drop:
 		return abi.ActionDrop
+	case policy.Limit:
+		return abi.ActionLimit
+	case policy.Syncookie:
+		return abi.ActionSyncookie
 	}
 	return abi.ActionPass
+}
+
+// orAny is the ranges as pointers, or one nil (any) when there are none.
+func orAny(rs []policy.Range) []*policy.Range {
+	if len(rs) == 0 {
+		return []*policy.Range{nil}
+	}
+	out := make([]*policy.Range, len(rs))
+	for i := range rs {
+		out[i] = &rs[i]
+	}
+	return out
+}
+
+// limit turns a rate into the data plane's cell rate: the cost of one
+// packet (or byte, scaled) in ns, and how far ahead of now the schedule may
+// run for the burst to pass at once.
+func limit(l *policy.RateLimit) abi.Limit {
+	out := abi.Limit{Prefix4: uint8(l.Prefix4), Prefix6: uint8(l.Prefix6)}
+	if l.PerSource {
+		out.Flags |= abi.LimitPerSource
+	}
+	if l.Bits {
+		out.Flags |= abi.LimitBytes
+		perByte := 8e9 / l.Rate // ns
+		out.Interval = uint64(perByte*(1<<abi.LimitByteShift) + 0.5)
+		out.Tolerance = uint64(perByte * float64(l.Burst))
+		return out
+	}
+	out.Interval = uint64(1e9/l.Rate + 0.5)
+	out.Tolerance = (l.Burst - 1) * out.Interval
+	return out
 }

@@ -62,9 +62,10 @@ func (a Attachment) String() string {
 // runs the wanted layer, one atomic update of it: a packet sees the old
 // policy or the new one, never a mix. Otherwise a new link (XDP native and
 // generic cannot coexist on an interface, so the old link goes first: a
-// short gap, only then). It returns the mode in force and, when auto did not
-// get XDP, why.
-func Swap(a Attachment, current Mode, objs *Objects, want Mode, force bool) (Mode, string, error) {
+// short gap, only then). With cookie (the policy answers SYNs with cookies)
+// at XDP, the cookie check's tcx link goes beside it; without, it goes. It
+// returns the mode in force and, when auto did not get XDP, why.
+func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bool) (Mode, string, error) {
 	var mode Mode
 	var note string
 	err := InNetns(a.Netns, func() error {
@@ -99,7 +100,52 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force bool) (Mod
 		mode, note = m, n
 		return nil
 	})
+	if err == nil {
+		err = InNetns(a.Netns, func() error { return cookieLink(a, objs, cookie && mode.Kind() == KindXDP) })
+	}
 	return mode, note, err
+}
+
+// cookieLink puts the cookie check at tcx ingress beside XDP (updating the
+// pinned link to objs' program), or takes it away.
+func cookieLink(a Attachment, objs *Objects, want bool) error {
+	pin := a.LinkPin + "-cookie"
+	old, err := link.LoadPinnedLink(pin, nil)
+	if err != nil && !errors.Is(err, errNotExist) {
+		return fmt.Errorf("open the cookie check's link: %w", err)
+	}
+	if old != nil {
+		defer old.Close()
+		if want && old.Update(objs.RampartTcCookie) == nil {
+			return nil
+		}
+		if err := errors.Join(old.Unpin(), ignoreUnsupported(old.Detach())); err != nil {
+			return fmt.Errorf("remove the cookie check's link: %w", err)
+		}
+	}
+	if !want {
+		return nil
+	}
+	ifc, err := net.InterfaceByName(a.Iface)
+	if err != nil {
+		return err
+	}
+	l, err := attachTC(Attachment{Iface: a.Iface}, ifc.Index, objs.RampartTcCookie)
+	if err != nil {
+		return fmt.Errorf("the SYN cookie check: %w", err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return errors.Join(fmt.Errorf("pin the cookie check's link: %w", err), l.Detach())
+	}
+	return nil
+}
+
+func ignoreUnsupported(err error) error {
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return nil
+	}
+	return err
 }
 
 func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (link.Link, Mode, string, error) {
@@ -197,23 +243,27 @@ func foreignXDP(a Attachment, ifindex int, force bool) (string, error) {
 	return "", it.Err()
 }
 
-// Unlink detaches and unpins the attachment's link. No link is not an error.
+// Unlink detaches and unpins the attachment's link, and the cookie check's
+// beside it. No link is not an error.
 func Unlink(a Attachment) error {
 	return InNetns(a.Netns, func() error {
-		l, err := link.LoadPinnedLink(a.LinkPin, nil)
-		if errors.Is(err, errNotExist) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%s: open the pinned link: %w", a, err)
-		}
-		defer l.Close()
 		var errs []error
-		if err := l.Detach(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-			errs = append(errs, fmt.Errorf("%s: detach: %w", a, err))
-		}
-		if err := l.Unpin(); err != nil {
-			errs = append(errs, fmt.Errorf("%s: unpin the link: %w", a, err))
+		for _, pin := range []string{a.LinkPin, a.LinkPin + "-cookie"} {
+			l, err := link.LoadPinnedLink(pin, nil)
+			if errors.Is(err, errNotExist) {
+				continue
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: open the pinned link: %w", a, err))
+				continue
+			}
+			if err := ignoreUnsupported(l.Detach()); err != nil {
+				errs = append(errs, fmt.Errorf("%s: detach: %w", a, err))
+			}
+			if err := l.Unpin(); err != nil {
+				errs = append(errs, fmt.Errorf("%s: unpin the link: %w", a, err))
+			}
+			l.Close()
 		}
 		return errors.Join(errs...)
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
@@ -52,6 +53,9 @@ var (
 	FeaturesFilter = []*Feature{FeatureLoop, FeatureXDPLoadBytes, FeatureTCX}
 	// The lab's generator runs XDP programs on live frames.
 	FeatureLiveFrames = &Feature{Name: "XDP live frames (BPF_F_TEST_XDP_LIVE_FRAMES)", Kernel: "5.18", probe: probeLiveFrames}
+	// syncookie rules hand a validated ACK to the listener as a request
+	// socket.
+	FeatureTCPReqsk = &Feature{Name: "the bpf_sk_assign_tcp_reqsk kfunc", Kernel: "6.9", probe: kfunc("bpf_sk_assign_tcp_reqsk")}
 	// diagnose's tracer is a tp_btf program: it needs the kernel's BTF.
 	FeatureKernelBTF = &Feature{Name: "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)", Kernel: "5.5", probe: probeKernelBTF}
 )
@@ -97,4 +101,19 @@ func probeTCX() error {
 		return err
 	}
 	return nil
+}
+
+// kfunc probes the kernel's BTF for a kfunc.
+func kfunc(name string) func() error {
+	return func() error {
+		spec, err := btf.LoadKernelSpec()
+		if err != nil {
+			return ebpf.ErrNotSupported
+		}
+		var fn *btf.Func
+		if err := spec.TypeByName(name, &fn); err != nil {
+			return ebpf.ErrNotSupported
+		}
+		return nil
+	}
 }

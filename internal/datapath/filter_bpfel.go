@@ -16,39 +16,48 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	filterMapClasses         = "classes"
-	filterMapCounters        = "counters"
-	filterMapOverlayEntries  = "overlay_entries"
-	filterMapOverlayV4       = "overlay_v4"
-	filterMapOverlayV6       = "overlay_v6"
-	filterMapV4Bitmaps       = "v4_bitmaps"
-	filterMapV4Blocks        = "v4_blocks"
-	filterMapV4Tbl8s         = "v4_tbl8s"
-	filterMapV4Wide          = "v4_wide"
-	filterMapV6Blocks        = "v6_blocks"
-	filterMapV6Long          = "v6_long"
-	filterMapV6Short         = "v6_short"
-	filterProgRampartTc      = "rampart_tc"
-	filterProgRampartXdp     = "rampart_xdp"
-	filterVarDefaultAction   = "default_action"
-	filterVarMalformedAction = "malformed_action"
-	filterVarNeedDstLookup   = "need_dst_lookup"
-	filterVarNeedL4          = "need_l4"
-	filterVarNeedSrcLookup   = "need_src_lookup"
-	filterVarRuleCount       = "rule_count"
-	filterVarRules           = "rules"
-	filterVarUnparsedAction  = "unparsed_action"
-	filterVarV4BlockMul      = "v4_block_mul"
-	filterVarV4Buckets       = "v4_buckets"
-	filterVarV4WideBuckets   = "v4_wide_buckets"
-	filterVarV4WideMul       = "v4_wide_mul"
-	filterVarV6BlockMul      = "v6_block_mul"
-	filterVarV6Buckets       = "v6_buckets"
-	filterVarV6HotLen        = "v6_hot_len"
-	filterVarV6LongBuckets   = "v6_long_buckets"
-	filterVarV6LongMul       = "v6_long_mul"
-	filterVarV6ShortBuckets  = "v6_short_buckets"
-	filterVarV6ShortMul      = "v6_short_mul"
+	filterMapClasses          = "classes"
+	filterMapCookieScratch    = "cookie_scratch"
+	filterMapCounters         = "counters"
+	filterMapLimitSources     = "limit_sources"
+	filterMapLimitState       = "limit_state"
+	filterMapOverlayEntries   = "overlay_entries"
+	filterMapOverlayV4        = "overlay_v4"
+	filterMapOverlayV6        = "overlay_v6"
+	filterMapRuleEvents       = "rule_events"
+	filterMapV4Bitmaps        = "v4_bitmaps"
+	filterMapV4Blocks         = "v4_blocks"
+	filterMapV4Tbl8s          = "v4_tbl8s"
+	filterMapV4Wide           = "v4_wide"
+	filterMapV6Blocks         = "v6_blocks"
+	filterMapV6Long           = "v6_long"
+	filterMapV6Short          = "v6_short"
+	filterProgRampartTc       = "rampart_tc"
+	filterProgRampartTcCookie = "rampart_tc_cookie"
+	filterProgRampartXdp      = "rampart_xdp"
+	filterVarCookieWscale     = "cookie_wscale"
+	filterVarDefaultAction    = "default_action"
+	filterVarFloodKey         = "flood_key"
+	filterVarLimitBuckets     = "limit_buckets"
+	filterVarLimits           = "limits"
+	filterVarMalformedAction  = "malformed_action"
+	filterVarNeedDstLookup    = "need_dst_lookup"
+	filterVarNeedL4           = "need_l4"
+	filterVarNeedSrcLookup    = "need_src_lookup"
+	filterVarRuleCount        = "rule_count"
+	filterVarRules            = "rules"
+	filterVarUnparsedAction   = "unparsed_action"
+	filterVarV4BlockMul       = "v4_block_mul"
+	filterVarV4Buckets        = "v4_buckets"
+	filterVarV4WideBuckets    = "v4_wide_buckets"
+	filterVarV4WideMul        = "v4_wide_mul"
+	filterVarV6BlockMul       = "v6_block_mul"
+	filterVarV6Buckets        = "v6_buckets"
+	filterVarV6HotLen         = "v6_hot_len"
+	filterVarV6LongBuckets    = "v6_long_buckets"
+	filterVarV6LongMul        = "v6_long_mul"
+	filterVarV6ShortBuckets   = "v6_short_buckets"
+	filterVarV6ShortMul       = "v6_short_mul"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -93,8 +102,9 @@ type filterSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterProgramSpecs struct {
-	RampartTc  *ebpf.ProgramSpec `ebpf:"rampart_tc"`
-	RampartXdp *ebpf.ProgramSpec `ebpf:"rampart_xdp"`
+	RampartTc       *ebpf.ProgramSpec `ebpf:"rampart_tc"`
+	RampartTcCookie *ebpf.ProgramSpec `ebpf:"rampart_tc_cookie"`
+	RampartXdp      *ebpf.ProgramSpec `ebpf:"rampart_xdp"`
 }
 
 // filterMapSpecs contains maps before they are loaded into the kernel.
@@ -102,10 +112,14 @@ type filterProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterMapSpecs struct {
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	CookieScratch  *ebpf.MapSpec `ebpf:"cookie_scratch"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	LimitSources   *ebpf.MapSpec `ebpf:"limit_sources"`
+	LimitState     *ebpf.MapSpec `ebpf:"limit_state"`
 	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
+	RuleEvents     *ebpf.MapSpec `ebpf:"rule_events"`
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
@@ -119,7 +133,11 @@ type filterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterVariableSpecs struct {
+	CookieWscale    *ebpf.VariableSpec `ebpf:"cookie_wscale"`
 	DefaultAction   *ebpf.VariableSpec `ebpf:"default_action"`
+	FloodKey        *ebpf.VariableSpec `ebpf:"flood_key"`
+	LimitBuckets    *ebpf.VariableSpec `ebpf:"limit_buckets"`
+	Limits          *ebpf.VariableSpec `ebpf:"limits"`
 	MalformedAction *ebpf.VariableSpec `ebpf:"malformed_action"`
 	NeedDstLookup   *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
 	NeedL4          *ebpf.VariableSpec `ebpf:"need_l4"`
@@ -161,10 +179,14 @@ func (o *filterObjects) Close() error {
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterMaps struct {
 	Classes        *ebpf.Map `ebpf:"classes"`
+	CookieScratch  *ebpf.Map `ebpf:"cookie_scratch"`
 	Counters       *ebpf.Map `ebpf:"counters"`
+	LimitSources   *ebpf.Map `ebpf:"limit_sources"`
+	LimitState     *ebpf.Map `ebpf:"limit_state"`
 	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
+	RuleEvents     *ebpf.Map `ebpf:"rule_events"`
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
@@ -177,10 +199,14 @@ type filterMaps struct {
 func (m *filterMaps) Close() error {
 	return _FilterClose(
 		m.Classes,
+		m.CookieScratch,
 		m.Counters,
+		m.LimitSources,
+		m.LimitState,
 		m.OverlayEntries,
 		m.OverlayV4,
 		m.OverlayV6,
+		m.RuleEvents,
 		m.V4Bitmaps,
 		m.V4Blocks,
 		m.V4Tbl8s,
@@ -195,7 +221,11 @@ func (m *filterMaps) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterVariables struct {
+	CookieWscale    *ebpf.Variable `ebpf:"cookie_wscale"`
 	DefaultAction   *ebpf.Variable `ebpf:"default_action"`
+	FloodKey        *ebpf.Variable `ebpf:"flood_key"`
+	LimitBuckets    *ebpf.Variable `ebpf:"limit_buckets"`
+	Limits          *ebpf.Variable `ebpf:"limits"`
 	MalformedAction *ebpf.Variable `ebpf:"malformed_action"`
 	NeedDstLookup   *ebpf.Variable `ebpf:"need_dst_lookup"`
 	NeedL4          *ebpf.Variable `ebpf:"need_l4"`
@@ -220,13 +250,15 @@ type filterVariables struct {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterPrograms struct {
-	RampartTc  *ebpf.Program `ebpf:"rampart_tc"`
-	RampartXdp *ebpf.Program `ebpf:"rampart_xdp"`
+	RampartTc       *ebpf.Program `ebpf:"rampart_tc"`
+	RampartTcCookie *ebpf.Program `ebpf:"rampart_tc_cookie"`
+	RampartXdp      *ebpf.Program `ebpf:"rampart_xdp"`
 }
 
 func (p *filterPrograms) Close() error {
 	return _FilterClose(
 		p.RampartTc,
+		p.RampartTcCookie,
 		p.RampartXdp,
 	)
 }

@@ -6,6 +6,8 @@
 package datapath
 
 import (
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -67,6 +69,10 @@ func Load(img *compile.Image) (*Objects, error) {
 	}
 	var rules [abi.MaxRules]abi.Rule
 	copy(rules[:], img.Rules)
+	var key [2]uint64
+	if err := binary.Read(rand.Reader, binary.LittleEndian, &key); err != nil {
+		return nil, fmt.Errorf("a key for the flood tables: %w", err)
+	}
 	v := &specs.filterVariableSpecs
 	for _, set := range []struct {
 		spec  *ebpf.VariableSpec
@@ -80,6 +86,9 @@ func Load(img *compile.Image) (*Objects, error) {
 		{v.NeedSrcLookup, img.NeedSrc},
 		{v.NeedDstLookup, img.NeedDst},
 		{v.NeedL4, img.NeedL4},
+		{v.Limits, img.Limits},
+		{v.FloodKey, key},
+		{v.LimitBuckets, uint32(limitBuckets(img))},
 	} {
 		if err := set.spec.Set(set.value); err != nil {
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
@@ -92,6 +101,7 @@ func Load(img *compile.Image) (*Objects, error) {
 	if err := ts.Size(&img.Tables); err != nil {
 		return nil, err
 	}
+	m.LimitSources.MaxEntries = uint32(limitBuckets(img))
 	var objs filterObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, loadError(err)
@@ -102,6 +112,19 @@ func Load(img *compile.Image) (*Objects, error) {
 		return nil, fmt.Errorf("fill the prefix-list tables: %w", err)
 	}
 	return o, nil
+}
+
+// LimitSourceBuckets is the per-source limit table's size: 2^16 buckets of
+// four schedules (4 MiB). A flood of random sources holds a schedule only
+// while it is ahead of now: at 3 Mpps of sources limited to 200/s, some
+// 15,000; the table keeps sources over their rate for far more.
+const LimitSourceBuckets = 1 << 16
+
+func limitBuckets(img *compile.Image) int {
+	if img.PerSource {
+		return LimitSourceBuckets
+	}
+	return 1
 }
 
 // loadError says what the kernel refused; a verifier log is given whole.
@@ -141,7 +164,8 @@ type pinned struct {
 // all lists the objects under their names in bpf/filter.c and lists.h.
 func (o *Objects) all() []pinned {
 	return []pinned{
-		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterMapCounters, o.Counters},
+		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterProgRampartTcCookie, o.RampartTcCookie},
+		{filterMapCounters, o.Counters}, {filterMapRuleEvents, o.RuleEvents}, {filterMapLimitState, o.LimitState}, {filterMapLimitSources, o.LimitSources},
 		{filterMapV4Blocks, o.V4Blocks}, {filterMapV4Wide, o.V4Wide}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
 		{filterMapV6Blocks, o.V6Blocks}, {filterMapV6Short, o.V6Short}, {filterMapV6Long, o.V6Long},
 		{filterMapClasses, o.Classes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
@@ -182,7 +206,8 @@ func LoadPinned(dir string) (*Objects, error) {
 		}
 		return x
 	}
-	o.RampartXdp, o.RampartTc, o.Counters = prog(filterProgRampartXdp), prog(filterProgRampartTc), m(filterMapCounters)
+	o.RampartXdp, o.RampartTc, o.RampartTcCookie = prog(filterProgRampartXdp), prog(filterProgRampartTc), prog(filterProgRampartTcCookie)
+	o.Counters, o.RuleEvents, o.LimitState, o.LimitSources = m(filterMapCounters), m(filterMapRuleEvents), m(filterMapLimitState), m(filterMapLimitSources)
 	o.V4Blocks, o.V4Wide, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Blocks), m(filterMapV4Wide), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
 	o.V6Blocks, o.V6Short, o.V6Long = m(filterMapV6Blocks), m(filterMapV6Short), m(filterMapV6Long)
 	o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries = m(filterMapClasses), m(filterMapOverlayV4), m(filterMapOverlayV6), m(filterMapOverlayEntries)
@@ -191,6 +216,24 @@ func LoadPinned(dir string) (*Objects, error) {
 		return nil, fmt.Errorf("objects pinned in %s: %w", dir, err)
 	}
 	return o, nil
+}
+
+// ReadEvents sums the per-CPU limit and cookie events of the first n rules.
+func (o *Objects) ReadEvents(n int) ([]abi.RuleEvents, error) {
+	out := make([]abi.RuleEvents, min(n, abi.MaxRules))
+	var percpu []abi.RuleEvents
+	for i := range out {
+		if err := o.RuleEvents.Lookup(uint32(i), &percpu); err != nil {
+			return nil, fmt.Errorf("read events of rule %d: %w", i, err)
+		}
+		for _, e := range percpu {
+			out[i].Over += e.Over
+			out[i].CookiesSent += e.CookiesSent
+			out[i].CookiesOk += e.CookiesOk
+			out[i].CookiesBad += e.CookiesBad
+		}
+	}
+	return out, nil
 }
 
 // ReadCounters sums the per-CPU counters of the first n slots.

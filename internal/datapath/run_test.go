@@ -88,9 +88,14 @@ func actionOf(typ ebpf.ProgramType, ret uint32) uint8 {
 	switch {
 	case typ == ebpf.XDP && ret == 1, typ == ebpf.SchedCLS && ret == 2:
 		return abi.ActionDrop
+	case typ == ebpf.XDP && ret == 3, typ == ebpf.SchedCLS && ret == 7: // XDP_TX, TC_ACT_REDIRECT
+		return actionTX
 	}
 	return abi.ActionPass
 }
+
+// actionTX is a frame sent back out: a SYN-ACK.
+const actionTX = 100
 
 // expectedSlot maps the reference verdict to the data plane's counter slot.
 func expectedSlot(v policy.Verdict) int {

@@ -58,6 +58,16 @@ const transactionWindow = 2 * time.Minute
 // a crash hurts: "pinned", "journaled", "swapped".
 var crashPoint func(where string)
 
+// firstRule is the policy's first rule with the action, or nil.
+func firstRule(pol *policy.Policy, a policy.Action) *policy.Rule {
+	for i := range pol.Rules {
+		if pol.Rules[i].Action == a {
+			return &pol.Rules[i]
+		}
+	}
+	return nil
+}
+
 func reach(where string) {
 	if crashPoint != nil {
 		crashPoint(where)
@@ -83,6 +93,14 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	}
 	if err := datapath.Require(datapath.FeaturesFilter...); err != nil {
 		return nil, err
+	}
+	if r := firstRule(pol, policy.Syncookie); r != nil {
+		if req.Egress {
+			return nil, fmt.Errorf("%s:%d: rule %q: syncookie answers incoming SYNs; apply it without --egress", pol.File, r.Line, r.Name)
+		}
+		if err := datapath.Require(datapath.FeatureTCPReqsk); err != nil {
+			return nil, fmt.Errorf("%s:%d: rule %q: %w", pol.File, r.Line, r.Name, err)
+		}
 	}
 	var hooks []Hook
 	for _, ifc := range req.Ifaces {
@@ -260,7 +278,7 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 	if st.live != 0 && old != nil {
 		current = old.Mode
 	}
-	mode, note, err := datapath.Swap(fw.attachment(h), current, objs, want, force)
+	mode, note, err := datapath.Swap(fw.attachment(h), current, objs, want, force, g.syncookie())
 	if err != nil {
 		return Applied{}, undo(err)
 	}
@@ -348,7 +366,7 @@ func (fw *Firewall) swapBack(h Hook, from, to int) error {
 			addCounts(back, g.Rules, live)
 		}
 	}
-	mode, _, err := datapath.Swap(fw.attachment(h), current, objs, back.Mode, true)
+	mode, _, err := datapath.Swap(fw.attachment(h), current, objs, back.Mode, true, back.syncookie())
 	if err != nil {
 		return fmt.Errorf("%s: go back to generation %d: %w", h, to, err)
 	}

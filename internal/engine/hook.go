@@ -15,6 +15,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // Hook is one attachment point of the firewall's namespace: an interface,
@@ -85,6 +86,12 @@ type generation struct {
 	// Carried holds, per counter slot, what earlier generations counted
 	// (rules kept across a re-apply keep their counters).
 	Carried []abi.Counter `json:"carried"`
+}
+
+// syncookie reports whether the generation answers SYNs with cookies, which
+// at XDP needs the cookie check at tc beside it.
+func (g *generation) syncookie() bool {
+	return slices.ContainsFunc(g.Rules, func(r RuleInfo) bool { return r.Action == policy.Syncookie.String() })
 }
 
 // pending is the journal of a transaction not yet confirmed: written before

@@ -267,7 +267,7 @@ func (fw *Firewall) reattach(h Hook, st *hookState) (Applied, error) {
 		return Applied{}, err
 	}
 	defer objs.Close()
-	mode, note, err := datapath.Swap(fw.attachment(h), "", objs, g.Mode, false)
+	mode, note, err := datapath.Swap(fw.attachment(h), "", objs, g.Mode, false, g.syncookie())
 	if err != nil {
 		return Applied{}, err
 	}

@@ -41,23 +41,30 @@ func (pol *Policy) Eval(frame []byte) Verdict {
 	case ClassMalformed:
 		return Verdict{Action: pol.MalformedAction(), Class: class, Rule: -1}
 	}
-	var maybe [2]bool // per action: an earlier rule might have given it
+	var maybe [2]bool // an earlier rule might have passed ([0]) or kept the frame from the stack ([1])
 	v := Verdict{Action: pol.Default, Class: ClassIP, Rule: -1}
 	for i := range pol.Rules {
 		r := &pol.Rules[i]
 		m := pol.match(r, &p)
 		if m == matchUnknown {
-			maybe[r.Action] = true
+			maybe[b2i(r.Action.MayDrop())] = true
 		}
 		if m == matched {
 			v.Action, v.Rule = r.Action, i
 			break
 		}
 	}
-	if maybe[1-v.Action] {
+	if maybe[b2i(!v.Action.MayDrop())] {
 		return Verdict{Action: pol.Unparsed, Class: ClassIP, Rule: -1, Unparsed: true}
 	}
 	return v
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // MalformedAction is the verdict for a frame nothing can be read of: the
@@ -116,9 +123,9 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 			switch {
 			case p.L4Len < l4Ports:
 				return matchUnknown
-			case r.Sport != nil && (p.Sport < r.Sport.Lo || p.Sport > r.Sport.Hi):
+			case r.Sport != nil && !InRanges(r.Sport, p.Sport):
 				return noMatch
-			case r.Dport != nil && (p.Dport < r.Dport.Lo || p.Dport > r.Dport.Hi):
+			case r.Dport != nil && !InRanges(r.Dport, p.Dport):
 				return noMatch
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/netip"
 	"path/filepath"
 	"strconv"
@@ -175,6 +176,7 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 		return nil, p.errf(n, "rules", "%d rules; at most %d are supported", len(n.Content), MaxRules)
 	}
 	seen := map[string]int{}
+	entries := 0
 	for _, rn := range n.Content {
 		r, err := p.rule(rn, pol)
 		if err != nil {
@@ -185,6 +187,9 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 		}
 		seen[r.Name] = r.Line
 		pol.Rules = append(pol.Rules, r)
+		if entries += r.Entries(); entries > MaxRules {
+			return nil, p.errf(rn, "rules", "with their port lists, the rules need more than %d match entries (a rule takes one per pair of its sport and dport ranges)", MaxRules)
+		}
 	}
 	if n := countReferencedLists(pol); n > MaxLists {
 		return nil, p.errf(root, "rules", "rules refer to %d distinct lists and prefixes; at most %d are supported", n, MaxLists)
@@ -324,7 +329,7 @@ var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip"
 var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
 
 func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
-	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "action")
+	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "action", "rate", "burst", "per")
 	if err != nil {
 		return Rule{}, err
 	}
@@ -381,17 +386,30 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	}
 	for _, rf := range []struct {
 		key string
-		out **Range
-	}{{"sport", &r.Sport}, {"dport", &r.Dport}, {"length", &r.Length}} {
+		out *[]Range
+	}{{"sport", &r.Sport}, {"dport", &r.Dport}} {
 		fn := f[rf.key]
 		if fn == nil {
 			continue
 		}
+		vals, err := p.strings(fn, rf.key)
+		if err != nil {
+			return r, err
+		}
+		for _, v := range vals {
+			rg, err := parseRange(v)
+			if err != nil {
+				return r, p.errf(fn, rf.key, "%v", err)
+			}
+			*rf.out = append(*rf.out, rg)
+		}
+	}
+	if fn := f["length"]; fn != nil {
 		rg, err := parseRange(fn.Value)
 		if err != nil {
-			return r, p.errf(fn, rf.key, "%v", err)
+			return r, p.errf(fn, "length", "%v", err)
 		}
-		*rf.out = &rg
+		r.Length = &rg
 	}
 	if fn := f["tcp_flags"]; fn != nil {
 		r.FlagsOn, r.FlagsOff, err = parseTCPFlags(fn.Value)
@@ -402,12 +420,166 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	}
 	an := f["action"]
 	if an == nil {
-		return r, p.errf(n, "action", "rule %q needs an action (drop or pass)", r.Name)
+		return r, p.errf(n, "action", "rule %q needs an action (drop, pass, limit or syncookie)", r.Name)
 	}
-	if r.Action, err = p.action(an, "action"); err != nil {
+	if r.Action, err = p.ruleAction(an); err != nil {
 		return r, err
 	}
+	if err := p.limit(n, f, &r); err != nil {
+		return r, err
+	}
+	if r.Action == Syncookie {
+		switch {
+		case r.Proto >= 0 && r.Proto != protoTCP:
+			return r, p.errf(f["proto"], "proto", "rule %q: syncookie answers TCP SYNs; its proto must be tcp", r.Name)
+		case r.Dport == nil:
+			return r, p.errf(an, "dport", "rule %q: syncookie needs the listening ports (dport)", r.Name)
+		}
+		r.Proto = protoTCP
+	}
 	return r, p.consistent(n, &r)
+}
+
+func (p *parser) ruleAction(n *yaml.Node) (Action, error) {
+	for a, name := range actionNames {
+		if strings.EqualFold(n.Value, name) {
+			return Action(a), nil
+		}
+	}
+	return Pass, p.errf(n, "action", "%q: must be drop, pass, limit or syncookie", n.Value)
+}
+
+// limit reads rate, burst and per, which only limit rules take.
+func (p *parser) limit(n *yaml.Node, f map[string]*yaml.Node, r *Rule) error {
+	if r.Action != Limit {
+		for _, k := range []string{"rate", "burst", "per"} {
+			if f[k] != nil {
+				return p.errf(f[k], k, "rule %q: %s is for action: limit", r.Name, k)
+			}
+		}
+		return nil
+	}
+	rn := f["rate"]
+	if rn == nil {
+		return p.errf(n, "rate", "rule %q: a limit needs a rate, e.g. rate: 200/s or rate: 10Mbit/s", r.Name)
+	}
+	l := &RateLimit{Prefix4: 32, Prefix6: 64}
+	var err error
+	if l.Rate, l.Bits, err = parseRate(rn.Value); err != nil {
+		return p.errf(rn, "rate", "%v", err)
+	}
+	// Without a burst, as iptables' hashlimit and nft: 5 packets; for a
+	// bit rate, 10 ms worth of bytes, at least one full-size frame.
+	l.Burst = 5
+	if l.Bits {
+		l.Burst = max(1514, uint64(l.Rate/8/100))
+	}
+	if bn := f["burst"]; bn != nil {
+		b, err := parseSize(bn.Value, l.Bits)
+		if err != nil {
+			return p.errf(bn, "burst", "%v", err)
+		}
+		l.Burst = b
+	}
+	if pn := f["per"]; pn != nil {
+		if err := parsePer(pn.Value, l); err != nil {
+			return p.errf(pn, "per", "%v", err)
+		}
+	}
+	r.Limit = l
+	return nil
+}
+
+// parseRate reads "200/s" (packets) or "10Mbit/s", "500kbit/s", "1.5Gbit/s"
+// (bits).
+func parseRate(s string) (rate float64, bits bool, err error) {
+	v, ok := strings.CutSuffix(strings.TrimSpace(s), "/s")
+	if !ok {
+		return 0, false, fmt.Errorf("%q: write the rate per second, e.g. 200/s or 10Mbit/s", s)
+	}
+	mult := 1.0
+	for _, u := range []struct {
+		suffix string
+		mult   float64
+	}{{"Gbit", 1e9}, {"Mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			v, mult, bits = n, u.mult, true
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	switch {
+	case err != nil || math.IsNaN(f) || math.IsInf(f, 0):
+		return 0, false, fmt.Errorf("%q: not a rate; write e.g. 200/s or 10Mbit/s", s)
+	case f <= 0:
+		return 0, false, fmt.Errorf("%q: a rate must be above 0 (to drop everything, use action: drop)", s)
+	case f*mult > 1e12:
+		return 0, false, fmt.Errorf("%q: above a terabit or a trillion packets a second", s)
+	case !bits && f < 1e-3:
+		return 0, false, fmt.Errorf("%q: below one packet in a thousand seconds", s)
+	}
+	return f * mult, bits, nil
+}
+
+// parseSize reads a burst: packets, or bytes (with an optional kB, MB
+// suffix) for a bit rate.
+func parseSize(s string, bytes bool) (uint64, error) {
+	v, mult := strings.TrimSpace(s), uint64(1)
+	if bytes {
+		for _, u := range []struct {
+			suffix string
+			mult   uint64
+		}{{"MB", 1 << 20}, {"kB", 1 << 10}, {"B", 1}} {
+			if n, ok := strings.CutSuffix(v, u.suffix); ok {
+				v, mult = strings.TrimSpace(n), u.mult
+				break
+			}
+		}
+	}
+	n, err := strconv.ParseUint(v, 10, 32)
+	if err != nil || n == 0 {
+		unit := "packets"
+		if bytes {
+			unit = "bytes (or kB, MB)"
+		}
+		return 0, fmt.Errorf("%q: want a whole number of %s, at least 1", s, unit)
+	}
+	return n * mult, nil
+}
+
+// parsePer reads rule, source, source/N or source/N,M (IPv4 /N, IPv6 /M;
+// IPv6 defaults to /64, what one host is usually given).
+func parsePer(s string, l *RateLimit) error {
+	v := strings.ToLower(strings.TrimSpace(s))
+	if v == "rule" {
+		return nil
+	}
+	rest, ok := strings.CutPrefix(v, "source")
+	if !ok {
+		return fmt.Errorf("%q: use rule, source, source/N (IPv4 prefix) or source/N,M (IPv4 and IPv6 prefixes)", s)
+	}
+	l.PerSource = true
+	if rest == "" {
+		return nil
+	}
+	spec, ok := strings.CutPrefix(rest, "/")
+	if !ok {
+		return fmt.Errorf("%q: use source/N or source/N,M", s)
+	}
+	v4, v6, both := strings.Cut(spec, ",")
+	n, err := strconv.Atoi(strings.TrimSpace(v4))
+	if err != nil || n < 1 || n > 32 {
+		return fmt.Errorf("%q: an IPv4 prefix length is 1 to 32", s)
+	}
+	l.Prefix4 = n
+	if both {
+		m, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(v6), "/"))
+		if err != nil || m < 1 || m > 128 {
+			return fmt.Errorf("%q: an IPv6 prefix length is 1 to 128", s)
+		}
+		l.Prefix6 = m
+	}
+	return nil
 }
 
 // consistent refuses rules that could never match.
@@ -445,6 +617,7 @@ func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, er
 	return name, nil
 }
 
+// action reads the default and unparsed actions: pass or drop.
 func (p *parser) action(n *yaml.Node, field string) (Action, error) {
 	switch strings.ToLower(n.Value) {
 	case "drop":

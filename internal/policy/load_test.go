@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,10 +33,10 @@ default: pass
 		t.Errorf("blocklist has %d prefixes, want 3", got)
 	}
 	r := pol.Rules[3]
-	if r.Proto != 6 || *r.Dport != (Range{1, 1023}) || r.FlagsOn != FlagSYN || r.FlagsOff != FlagACK {
+	if r.Proto != 6 || !slices.Equal(r.Dport, []Range{{1, 1023}}) || r.FlagsOn != FlagSYN || r.FlagsOff != FlagACK {
 		t.Errorf("syn-to-closed parsed as %+v", r)
 	}
-	if r := pol.Rules[2]; *r.Length != (Range{512, 65535}) || *r.Sport != (Range{53, 53}) {
+	if r := pol.Rules[2]; *r.Length != (Range{512, 65535}) || !slices.Equal(r.Sport, []Range{{53, 53}}) {
 		t.Errorf("dns rule parsed as %+v", r)
 	}
 	if got := pol.Rules[4].Dst; len(got) != 2 || got[0] != "10.0.0.1/32" || got[1] != "2001:db8::/64" {
@@ -62,7 +63,21 @@ func TestErrors(t *testing.T) {
 		{"missing list file", "lists:\n  x: {files: [nope.netset]}\nrules: []", "p.yaml:2: lists.x.files: list file testdata/nope.netset: open testdata/nope.netset: no such file or directory"},
 		{"bad line in list file", "lists:\n  x: {files: [bad.netset]}\nrules: []", `testdata/bad.netset:2: bad address "10.0.0.300"`},
 		{"unknown list", "rules:\n  - {name: a, src: nolist, action: drop}", `p.yaml:2: src: "nolist" is neither a list defined under lists nor a prefix`},
-		{"bad action", "rules:\n  - {name: a, action: reject}", `p.yaml:2: action: "reject": must be drop or pass`},
+		{"bad action", "rules:\n  - {name: a, action: reject}", `p.yaml:2: action: "reject": must be drop, pass, limit or syncookie`},
+		{"limit without rate", "rules:\n  - {name: a, action: limit}", `p.yaml:2: rate: rule "a": a limit needs a rate`},
+		{"rate 0", "rules:\n  - {name: a, action: limit, rate: 0/s}", `p.yaml:2: rate: "0/s": a rate must be above 0`},
+		{"negative rate", "rules:\n  - {name: a, action: limit, rate: -5/s}", `p.yaml:2: rate: "-5/s": a rate must be above 0`},
+		{"rate unparsable", "rules:\n  - {name: a, action: limit, rate: lots/s}", `p.yaml:2: rate: "lots/s": not a rate`},
+		{"rate without unit", "rules:\n  - {name: a, action: limit, rate: 200}", `p.yaml:2: rate: "200": write the rate per second`},
+		{"per source/33", "rules:\n  - {name: a, action: limit, rate: 200/s, per: source/33}", `p.yaml:2: per: "source/33": an IPv4 prefix length is 1 to 32`},
+		{"per source v6 129", "rules:\n  - {name: a, action: limit, rate: 200/s, per: 'source/24,129'}", `an IPv6 prefix length is 1 to 128`},
+		{"per nonsense", "rules:\n  - {name: a, action: limit, rate: 200/s, per: flow}", `p.yaml:2: per: "flow": use rule, source`},
+		{"burst 0", "rules:\n  - {name: a, action: limit, rate: 200/s, burst: 0}", `p.yaml:2: burst: "0": want a whole number of packets`},
+		{"burst bytes", "rules:\n  - {name: a, action: limit, rate: 10Mbit/s, burst: 64kb}", `burst: "64kb": want a whole number of bytes`},
+		{"rate on drop", "rules:\n  - {name: a, action: drop, rate: 5/s}", `p.yaml:2: rate: rule "a": rate is for action: limit`},
+		{"syncookie on udp", "rules:\n  - {name: a, proto: udp, dport: 53, action: syncookie}", `p.yaml:2: proto: rule "a": syncookie answers TCP SYNs; its proto must be tcp`},
+		{"syncookie without port", "rules:\n  - {name: a, proto: tcp, action: syncookie}", `p.yaml:2: dport: rule "a": syncookie needs the listening ports`},
+		{"bad port in list", "rules:\n  - {name: a, proto: tcp, dport: [80, x], action: drop}", `p.yaml:2: dport: "x": want a number`},
 		{"missing action", "rules:\n  - {name: a}", `p.yaml:2: action: rule "a" needs an action`},
 		{"bad proto", "rules:\n  - {name: a, proto: sctpx, action: drop}", `p.yaml:2: proto: "sctpx"`},
 		{"proto 256", "rules:\n  - {name: a, proto: 256, action: drop}", `p.yaml:2: proto: "256"`},
@@ -120,5 +135,36 @@ func TestParseFrameShort(t *testing.T) {
 		if _, c := ParseFrame(make([]byte, n)); c != ClassMalformed {
 			t.Errorf("%d-byte frame: class %v, want malformed", n, c)
 		}
+	}
+}
+
+// TestLimitAndSyncookie parses the flood actions as the README writes them.
+func TestLimitAndSyncookie(t *testing.T) {
+	pol, err := Parse("p.yaml", []byte(`
+rules:
+  - {name: dns-per-source, proto: udp, dport: 53, action: limit, rate: 200/s, burst: 400, per: source/24}
+  - {name: bulk, proto: udp, action: limit, rate: 1.5Mbit/s, burst: 64kB}
+  - {name: v6-hosts, family: 6, action: limit, rate: 10/s, per: 'source/32,56'}
+  - {name: web, dport: [80, 443, 8000-8010], action: syncookie}
+default: pass
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []RateLimit{
+		{Rate: 200, Burst: 400, PerSource: true, Prefix4: 24, Prefix6: 64},
+		{Rate: 1.5e6, Bits: true, Burst: 64 << 10, Prefix4: 32, Prefix6: 64},
+		{Rate: 10, Burst: 5, PerSource: true, Prefix4: 32, Prefix6: 56},
+	} {
+		if r := pol.Rules[i]; r.Action != Limit || r.Limit == nil || *r.Limit != want {
+			t.Errorf("rule %d: %v %+v, want %+v", i, r.Action, r.Limit, want)
+		}
+	}
+	web := pol.Rules[3]
+	if web.Action != Syncookie || web.Proto != protoTCP || !slices.Equal(web.Dport, []Range{{80, 80}, {443, 443}, {8000, 8010}}) {
+		t.Errorf("web: %+v", web)
+	}
+	if k := web.MatchKey(); !strings.Contains(k, "dport=80,443,8000-8010") || !strings.Contains(k, "action=syncookie") {
+		t.Errorf("match key %q", k)
 	}
 }

@@ -6,6 +6,7 @@ package policy
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/rampart-fw/rampart/internal/abi"
@@ -17,13 +18,44 @@ type Action uint8
 const (
 	Pass Action = iota
 	Drop
+	// Limit passes what is under the rule's rate and drops the rest.
+	Limit
+	// Syncookie answers TCP SYNs with a SYN-ACK carrying a cookie; the
+	// ACK that returns it becomes a connection without state kept before.
+	// Other segments pass.
+	Syncookie
 )
 
-func (a Action) String() string {
-	if a == Drop {
-		return "drop"
+var actionNames = []string{"pass", "drop", "limit", "syncookie"}
+
+func (a Action) String() string { return actionNames[a] }
+
+// MayDrop tells the actions that keep a frame from the stack, or may.
+// Frames whose verdict hangs on fields they lack are unparsed when an
+// action of the other kind was possible (see Eval).
+func (a Action) MayDrop() bool { return a != Pass }
+
+// RateLimit is a limit rule's rate and scope.
+type RateLimit struct {
+	Rate  float64 // per second: packets, or bits when Bits
+	Bits  bool
+	Burst uint64 // packets, or bytes when Bits
+	// PerSource: one bucket per source prefix of Prefix4 (IPv4) or Prefix6
+	// (IPv6) bits; else one bucket for the rule.
+	PerSource        bool
+	Prefix4, Prefix6 int
+}
+
+func (l *RateLimit) String() string {
+	rate := strconv.FormatFloat(l.Rate, 'f', -1, 64) + "/s"
+	if l.Bits {
+		rate = strconv.FormatFloat(l.Rate, 'f', -1, 64) + "bit/s"
 	}
-	return "pass"
+	per := "rule"
+	if l.PerSource {
+		per = fmt.Sprintf("source/%d,%d", l.Prefix4, l.Prefix6)
+	}
+	return fmt.Sprintf("%s burst %d per %s", rate, l.Burst, per)
 }
 
 // Range is an inclusive range of ports or lengths.
@@ -58,13 +90,14 @@ type Rule struct {
 	Dst      []string
 	Family   int // 0 (any), 4 or 6
 	Proto    int // -1 (any) or an IP protocol number
-	Sport    *Range
-	Dport    *Range
+	Sport    []Range // any of them; nil matches any
+	Dport    []Range
 	Length   *Range
 	FlagsOn  uint8 // TCP flags that must be set
 	FlagsOff uint8 // TCP flags that must be clear
 	HasFlags bool
 	Action   Action
+	Limit    *RateLimit // for action limit
 }
 
 // MatchKey is a canonical text of what the rule matches. A rule whose name and
@@ -74,17 +107,45 @@ func (r *Rule) MatchKey() string {
 	fmt.Fprintf(&b, "src=%s;dst=%s;family=%d;proto=%d", strings.Join(r.Src, ","), strings.Join(r.Dst, ","), r.Family, r.Proto)
 	for _, f := range []struct {
 		k string
-		r *Range
-	}{{"sport", r.Sport}, {"dport", r.Dport}, {"length", r.Length}} {
+		r []Range
+	}{{"sport", r.Sport}, {"dport", r.Dport}} {
 		if f.r != nil {
-			fmt.Fprintf(&b, ";%s=%s", f.k, f.r)
+			fmt.Fprintf(&b, ";%s=%s", f.k, formatRanges(f.r))
 		}
+	}
+	if r.Length != nil {
+		fmt.Fprintf(&b, ";length=%s", r.Length)
 	}
 	if r.HasFlags {
 		fmt.Fprintf(&b, ";flags=%s", FormatTCPFlags(r.FlagsOn, r.FlagsOff))
 	}
 	fmt.Fprintf(&b, ";action=%s", r.Action)
+	if r.Limit != nil {
+		fmt.Fprintf(&b, ";limit=%s", r.Limit)
+	}
 	return b.String()
+}
+
+func formatRanges(rs []Range) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = r.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// Entries is how many match entries of the data plane the rule takes: one
+// per pair of its source and destination port ranges.
+func (r *Rule) Entries() int { return max(1, len(r.Sport)) * max(1, len(r.Dport)) }
+
+// InRanges reports whether v is in any of the ranges.
+func InRanges(rs []Range, v uint16) bool {
+	for _, r := range rs {
+		if v >= r.Lo && v <= r.Hi {
+			return true
+		}
+	}
+	return false
 }
 
 // FormatTCPFlags renders flags in the policy syntax, e.g. "syn,!ack".

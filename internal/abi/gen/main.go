@@ -37,10 +37,14 @@ var structs = []struct{ c, goName string }{
 	{"v6_long_slot", "V6LongSlot"},
 	{"v6_short_bucket", "V6ShortBucket"},
 	{"v6_long_bucket", "V6LongBucket"},
+	{"limit", "Limit"},
+	{"limit_entry", "LimitEntry"},
+	{"limit_bucket", "LimitBucket"},
+	{"rule_events", "RuleEvents"},
 }
 
 // The enums whose values become untyped constants.
-var enums = []string{"limits", "slot", "action", "match_field", "cuckoo", "v4_entry", "v6_table"}
+var enums = []string{"limits", "slot", "action", "match_field", "cuckoo", "v4_entry", "v6_table", "limit_flags", "rule_event"}
 
 func main() {
 	out := flag.String("o", "abi_gen.go", "output file")
