@@ -88,8 +88,8 @@ type Rule struct {
 	Line     int
 	Src      []string // names of lists; inline prefixes become lists of their own
 	Dst      []string
-	Family   int // 0 (any), 4 or 6
-	Proto    int // -1 (any) or an IP protocol number
+	Family   int     // 0 (any), 4 or 6
+	Proto    int     // -1 (any) or an IP protocol number
 	Sport    []Range // any of them; nil matches any
 	Dport    []Range
 	Length   *Range
