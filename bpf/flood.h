@@ -618,7 +618,12 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 		a->rcv_tsecr = o.tsecr;
 	}
 	if (bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tp, a, sizeof(*a)) < 0) {
+		/* A listener the kernel will not hand a request socket: an
+		 * MPTCP one (Go's listeners are, from Go 1.24), or options
+		 * its sysctls turn off. The kernel answers the ACK itself
+		 * (with a reset): the client learns at once. */
 		count_event(rule, EVENT_COOKIE_BAD);
+		pass = 1;
 		goto out;
 	}
 	count_event(rule, EVENT_COOKIE_OK);

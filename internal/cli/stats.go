@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -81,11 +82,26 @@ func (g *globals) printStats(s *stats.Snapshot, rates bool) error {
 		}
 		fmt.Fprintln(g.env.Stdout, s.Time.Format(time.TimeOnly))
 	}
+	// Limit and syncookie rules say what they did besides matching.
+	flood := slices.ContainsFunc(s.Rows, func(r stats.Row) bool { return r.Action == "limit" || r.Action == "syncookie" })
+	if flood {
+		header = append(header, "OVER LIMIT", "COOKIES SENT/OK/BAD")
+	}
 	rows := [][]string{header}
 	for _, r := range s.Rows {
 		row := []string{r.Iface + inNetns(r.Netns), r.Direction, r.Name, r.Action, strconv.FormatUint(r.Packets, 10), strconv.FormatUint(r.Bytes, 10)}
 		if rates {
 			row = append(row, strconv.FormatFloat(r.PPS, 'f', 0, 64), humanBits(r.BPS))
+		}
+		if flood {
+			over, cookies := "-", "-"
+			switch r.Action {
+			case "limit":
+				over = strconv.FormatUint(r.Over, 10)
+			case "syncookie":
+				cookies = fmt.Sprintf("%d/%d/%d", r.CookiesSent, r.CookiesOK, r.CookiesBad)
+			}
+			row = append(row, over, cookies)
 		}
 		rows = append(rows, row)
 	}

@@ -234,7 +234,7 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 		g.N = st.gens[len(st.gens)-1] + 1
 	}
 	g.AppliedAt = time.Now().UTC()
-	g.Carried = fw.carry(h, old, g.Rules)
+	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules)
 	if old != nil {
 		g.Mode = old.Mode
 	}
@@ -285,7 +285,8 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 	tx.done = append(tx.done, step{hook: h, gen: g.N, wasLive: st.live, wasOwned: st.pending})
 	reach("swapped")
 	// The old generation counted until the swap: carry its final counts.
-	g.Mode, g.Carried = mode, fw.carry(h, old, g.Rules)
+	g.Mode = mode
+	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules)
 	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {
 		return Applied{}, err
 	}
@@ -362,8 +363,8 @@ func (fw *Firewall) swapBack(h Hook, from, to int) error {
 	if g, err := fw.readGen(h, from); err == nil && g != nil {
 		current = g.Mode
 		// What the undone generation counted stays counted.
-		if live, err := fw.liveCounts(h, g); err == nil {
-			addCounts(back, g.Rules, live)
+		if live, events, err := fw.liveCounts(h, g); err == nil {
+			addCounts(back, g.Rules, live, events)
 		}
 	}
 	mode, _, err := datapath.Swap(fw.attachment(h), current, objs, back.Mode, true, back.syncookie())
@@ -382,25 +383,30 @@ func (fw *Firewall) removeHook(h Hook) error {
 	return err
 }
 
-// carry is the counts a new generation with rules starts from: the old
-// generation's carried counts plus what it counted itself, for the fixed
-// slots and for every rule whose name and match stay.
-func (fw *Firewall) carry(h Hook, old *generation, rules []RuleInfo) []abi.Counter {
-	g := &generation{Rules: rules, Carried: make([]abi.Counter, abi.SlotRule0+len(rules))}
+// carry is the counts (and limit and cookie events) a new generation with
+// rules starts from: the old generation's carried counts plus what it
+// counted itself, for the fixed slots and for every rule whose name and
+// match stay.
+func (fw *Firewall) carry(h Hook, old *generation, rules []RuleInfo) ([]abi.Counter, []abi.RuleEvents) {
+	g := &generation{Rules: rules, Carried: make([]abi.Counter, abi.SlotRule0+len(rules)), CarriedEvents: make([]abi.RuleEvents, len(rules))}
 	if old == nil {
-		return g.Carried
+		return g.Carried, g.CarriedEvents
 	}
-	addCounts(g, old.Rules, old.Carried)
-	if live, err := fw.liveCounts(h, old); err == nil {
-		addCounts(g, old.Rules, live)
+	addCounts(g, old.Rules, old.Carried, old.CarriedEvents)
+	if live, events, err := fw.liveCounts(h, old); err == nil {
+		addCounts(g, old.Rules, live, events)
 	}
-	return g.Carried
+	return g.Carried, g.CarriedEvents
 }
 
-// addCounts adds counts (by the slots of rules) into to.Carried.
-func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter) {
+// addCounts adds counts (by the slots of rules) and events (by rule) into
+// to's carried ones.
+func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter, events []abi.RuleEvents) {
 	if len(to.Carried) < abi.SlotRule0+len(to.Rules) {
 		to.Carried = append(to.Carried, make([]abi.Counter, abi.SlotRule0+len(to.Rules)-len(to.Carried))...)
+	}
+	if len(to.CarriedEvents) < len(to.Rules) {
+		to.CarriedEvents = append(to.CarriedEvents, make([]abi.RuleEvents, len(to.Rules)-len(to.CarriedEvents))...)
 	}
 	add := func(dst, src int) {
 		if src < len(counts) {
@@ -414,16 +420,33 @@ func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter) {
 	for i, r := range to.Rules {
 		if j := slices.IndexFunc(rules, func(o RuleInfo) bool { return o.Name == r.Name && o.Match == r.Match }); j >= 0 {
 			add(abi.SlotRule0+i, abi.SlotRule0+j)
+			if j < len(events) {
+				to.CarriedEvents[i] = addEvents(to.CarriedEvents[i], events[j])
+			}
 		}
 	}
 }
 
-// liveCounts reads what a generation's own counters counted.
-func (fw *Firewall) liveCounts(h Hook, g *generation) ([]abi.Counter, error) {
+func addEvents(a, b abi.RuleEvents) abi.RuleEvents {
+	a.Over += b.Over
+	a.CookiesSent += b.CookiesSent
+	a.CookiesOk += b.CookiesOk
+	a.CookiesBad += b.CookiesBad
+	return a
+}
+
+// liveCounts reads what a generation's own counters counted, and its
+// rules' events.
+func (fw *Firewall) liveCounts(h Hook, g *generation) ([]abi.Counter, []abi.RuleEvents, error) {
 	objs, err := datapath.LoadPinned(fw.genPins(h, g.N))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer objs.Close()
-	return objs.ReadCounters(abi.SlotRule0 + len(g.Rules))
+	counts, err := objs.ReadCounters(abi.SlotRule0 + len(g.Rules))
+	if err != nil {
+		return nil, nil, err
+	}
+	events, err := objs.ReadEvents(len(g.Rules))
+	return counts, events, err
 }

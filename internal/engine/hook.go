@@ -86,6 +86,9 @@ type generation struct {
 	// Carried holds, per counter slot, what earlier generations counted
 	// (rules kept across a re-apply keep their counters).
 	Carried []abi.Counter `json:"carried"`
+	// CarriedEvents holds, per rule, the limit and cookie events earlier
+	// generations counted.
+	CarriedEvents []abi.RuleEvents `json:"carried_events,omitempty"`
 }
 
 // syncookie reports whether the generation answers SYNs with cookies, which

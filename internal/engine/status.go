@@ -135,7 +135,7 @@ func (fw *Firewall) Stats() (stats.Snapshot, error) {
 		if err != nil || g == nil {
 			continue // a hook being removed
 		}
-		counts, err := fw.liveCounts(h, g)
+		counts, events, err := fw.liveCounts(h, g)
 		if err != nil {
 			return snap, fmt.Errorf("%s: counters: %w", h, err)
 		}
@@ -149,7 +149,16 @@ func (fw *Firewall) Stats() (stats.Snapshot, error) {
 			return stats.Row{Iface: h.Iface, Netns: fw.netns, Direction: h.Direction(), Kind: kind, Name: name, Action: action, Packets: c.Packets, Bytes: c.Bytes}
 		}
 		for i, r := range g.Rules {
-			snap.Rows = append(snap.Rows, row("rule", r.Name, r.Action, counts[abi.SlotRule0+i]))
+			x := row("rule", r.Name, r.Action, counts[abi.SlotRule0+i])
+			var e abi.RuleEvents
+			if i < len(events) {
+				e = events[i]
+			}
+			if i < len(g.CarriedEvents) {
+				e = addEvents(e, g.CarriedEvents[i])
+			}
+			x.Over, x.CookiesSent, x.CookiesOK, x.CookiesBad = e.Over, e.CookiesSent, e.CookiesOk, e.CookiesBad
+			snap.Rows = append(snap.Rows, x)
 		}
 		snap.Rows = append(snap.Rows,
 			row("default", "default", g.Default, counts[abi.SlotDefault]),

@@ -25,6 +25,8 @@ type Frame struct {
 	Sport     uint16
 	Dport     uint16
 	TCPFlags  uint8
+	Seq, Ack  uint32 // TCP sequence and acknowledgement numbers
+	TCPOpts   []byte // TCP options, a multiple of 4 bytes
 	Data      []byte // payload bytes after the L4 header
 	Payload   int    // zero bytes after Data
 }
@@ -127,9 +129,13 @@ func (f Frame) l4() []byte {
 	var h []byte
 	switch f.Proto {
 	case 6:
-		h = make([]byte, 20)
-		h[12] = 5 << 4
+		h = make([]byte, 20, 20+len(f.TCPOpts))
+		h[12] = byte(5+len(f.TCPOpts)/4) << 4
 		h[13] = f.TCPFlags
+		binary.BigEndian.PutUint32(h[4:], f.Seq)
+		binary.BigEndian.PutUint32(h[8:], f.Ack)
+		binary.BigEndian.PutUint16(h[14:], 65535)
+		h = append(h, f.TCPOpts...)
 	case 17:
 		h = make([]byte, 8)
 		binary.BigEndian.PutUint16(h[4:], uint16(8+len(f.Data)+f.Payload))

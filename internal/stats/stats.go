@@ -17,6 +17,13 @@ type Row struct {
 	Bytes     uint64  `json:"bytes"`
 	PPS       float64 `json:"pps"`
 	BPS       float64 `json:"bps"`
+	// Limit rules: packets dropped over the limit (Packets passed under
+	// it). Syncookie rules: SYN-ACKs sent with a cookie, ACKs whose cookie
+	// held (connections handed to the listener) and ACKs whose did not.
+	Over        uint64 `json:"over_limit,omitempty"`
+	CookiesSent uint64 `json:"cookies_sent,omitempty"`
+	CookiesOK   uint64 `json:"cookies_validated,omitempty"`
+	CookiesBad  uint64 `json:"cookies_rejected,omitempty"`
 }
 
 // Snapshot is every row at one instant.

@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -10,6 +11,10 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
 )
@@ -141,12 +146,16 @@ func DialTCP(ns string, ip net.IP, port int, timeout time.Duration) (net.Conn, e
 	return c, err
 }
 
-// ListenTCP accepts connections in ns and echoes what they send.
+// ListenTCP accepts connections in ns and echoes what they send. The
+// listener is plain TCP: Go's are MPTCP by default from 1.24, and the kernel
+// hands no request socket made from a SYN cookie to an MPTCP listener.
 func ListenTCP(t testing.TB, ns string, ip net.IP, port int) {
 	t.Helper()
 	var l net.Listener
 	if err := datapath.InNetns(ns, func() (err error) {
-		l, err = net.Listen("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(port)))
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(false)
+		l, err = lc.Listen(context.Background(), "tcp", net.JoinHostPort(ip.String(), fmt.Sprint(port)))
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -166,6 +175,33 @@ func ListenTCP(t testing.TB, ns string, ip net.IP, port int) {
 			}()
 		}
 	}()
+}
+
+// PeerXDP attaches an XDP program that passes everything to ifc in ns, in
+// driver mode. A veth delivers what its peer's XDP program transmits
+// (XDP_TX) only to a side with XDP of its own: the frames are queued for
+// that side's NAPI, which is kicked only when it runs a program.
+func PeerXDP(t testing.TB, ns, ifc string) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.XDP, License: "GPL",
+		Instructions: asm.Instructions{asm.LoadImm(asm.R0, 2, asm.DWord), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	if err := datapath.InNetns(ns, func() error {
+		i, err := net.InterfaceByName(ifc)
+		if err != nil {
+			return err
+		}
+		l, err := link.AttachXDP(link.XDPOptions{Program: prog, Interface: i.Index, Flags: link.XDPDriverMode})
+		if err == nil {
+			t.Cleanup(func() { l.Close() })
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Alive reports whether a process exists.
