@@ -134,7 +134,13 @@ func TestLoadShapes(t *testing.T) {
 		"lists:\n  a: {prefixes: [10.0.0.0/8]}\nrules:\n  - {name: r, src: a, action: drop}\n",
 		"lists:\n  a: {prefixes: [\"2001:db8::/32\"]}\nrules:\n  - {name: r, dst: a, action: drop}\n",
 		"lists:\n  a: {prefixes: [10.0.0.1, \"2001:db8::1\"]}\nrules:\n  - {name: r, src: a, action: drop}\n  - {name: s, dst: a, action: drop}\n",
+		"rules:\n  - {name: r, action: limit, rate: 10/s}\n",
+		"rules:\n  - {name: r, proto: udp, action: limit, rate: 10Mbit/s, per: source/24}\n",
+		"rules:\n  - {name: r, dport: 80, action: syncookie}\n",
+		"lists:\n  a: {prefixes: [10.0.0.0/8]}\nrules:\n  - {name: r, src: a, action: drop}\n  - {name: s, dport: [80, 443], action: syncookie}\n  - {name: t, action: limit, rate: 1/s, per: source}\n",
 	} {
-		load(t, datapath.KindXDP, yaml)
+		for _, kind := range []datapath.Kind{datapath.KindXDP, datapath.KindTC} {
+			load(t, kind, yaml)
+		}
 	}
 }

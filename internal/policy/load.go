@@ -482,7 +482,7 @@ func (p *parser) limit(n *yaml.Node, f map[string]*yaml.Node, r *Rule) error {
 		l.Burst = b
 	}
 	if pn := f["per"]; pn != nil {
-		if err := parsePer(pn.Value, l); err != nil {
+		if err := parsePer(pn.Value, r.Family, l); err != nil {
 			return p.errf(pn, "per", "%v", err)
 		}
 	}
@@ -548,8 +548,9 @@ func parseSize(s string, bytes bool) (uint64, error) {
 }
 
 // parsePer reads rule, source, source/N or source/N,M (IPv4 /N, IPv6 /M;
-// IPv6 defaults to /64, what one host is usually given).
-func parsePer(s string, l *RateLimit) error {
+// IPv6 defaults to /64, what one host is usually given). On a family: 6
+// rule source/N is the IPv6 prefix.
+func parsePer(s string, family int, l *RateLimit) error {
 	v := strings.ToLower(strings.TrimSpace(s))
 	if v == "rule" {
 		return nil
@@ -567,6 +568,9 @@ func parsePer(s string, l *RateLimit) error {
 		return fmt.Errorf("%q: use source/N or source/N,M", s)
 	}
 	v4, v6, both := strings.Cut(spec, ",")
+	if family == 6 && !both {
+		v4, v6, both = "32", v4, true
+	}
 	n, err := strconv.Atoi(strings.TrimSpace(v4))
 	if err != nil || n < 1 || n > 32 {
 		return fmt.Errorf("%q: an IPv4 prefix length is 1 to 32", s)

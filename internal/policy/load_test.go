@@ -70,6 +70,7 @@ func TestErrors(t *testing.T) {
 		{"rate unparsable", "rules:\n  - {name: a, action: limit, rate: lots/s}", `p.yaml:2: rate: "lots/s": not a rate`},
 		{"rate without unit", "rules:\n  - {name: a, action: limit, rate: 200}", `p.yaml:2: rate: "200": write the rate per second`},
 		{"per source/33", "rules:\n  - {name: a, action: limit, rate: 200/s, per: source/33}", `p.yaml:2: per: "source/33": an IPv4 prefix length is 1 to 32`},
+		{"per source/129 on IPv6", "rules:\n  - {name: a, family: 6, action: limit, rate: 200/s, per: source/129}", `an IPv6 prefix length is 1 to 128`},
 		{"per source v6 129", "rules:\n  - {name: a, action: limit, rate: 200/s, per: 'source/24,129'}", `an IPv6 prefix length is 1 to 128`},
 		{"per nonsense", "rules:\n  - {name: a, action: limit, rate: 200/s, per: flow}", `p.yaml:2: per: "flow": use rule, source`},
 		{"burst 0", "rules:\n  - {name: a, action: limit, rate: 200/s, burst: 0}", `p.yaml:2: burst: "0": want a whole number of packets`},
@@ -144,7 +145,7 @@ func TestLimitAndSyncookie(t *testing.T) {
 rules:
   - {name: dns-per-source, proto: udp, dport: 53, action: limit, rate: 200/s, burst: 400, per: source/24}
   - {name: bulk, proto: udp, action: limit, rate: 1.5Mbit/s, burst: 64kB}
-  - {name: v6-hosts, family: 6, action: limit, rate: 10/s, per: 'source/32,56'}
+  - {name: v6-hosts, family: 6, action: limit, rate: 10/s, per: source/56}
   - {name: web, dport: [80, 443, 8000-8010], action: syncookie}
 default: pass
 `))
