@@ -68,6 +68,24 @@ static __always_inline __u64 siphash6(__u64 d0, __u64 a, __u64 b, __u64 c, __u64
 	return v0 ^ v1 ^ v2 ^ v3;
 }
 
+/* SipHash-1-3 (the kernel's hsiphash on 64-bit) of three words: for
+ * table slots, where it is enough that an attacker cannot aim at a bucket
+ * without the key, and a third of the rounds of SipHash-2-4 matters at
+ * every packet of a flood. Cookies keep SipHash-2-4. */
+static __always_inline __u64 siphash13_3(__u64 a, __u64 b, __u64 c)
+{
+	__u64 v0 = flood_key[0] ^ 0x736f6d6570736575ULL, v1 = flood_key[1] ^ 0x646f72616e646f6dULL;
+	__u64 v2 = flood_key[0] ^ 0x6c7967656e657261ULL, v3 = flood_key[1] ^ 0x7465646279746573ULL;
+	v3 ^= a; SIPROUND; v0 ^= a;
+	v3 ^= b; SIPROUND; v0 ^= b;
+	v3 ^= c; SIPROUND; v0 ^= c;
+	__u64 m = 24ULL << 56;
+	v3 ^= m; SIPROUND; v0 ^= m;
+	v2 ^= 0xff;
+	SIPROUND; SIPROUND; SIPROUND;
+	return v0 ^ v1 ^ v2 ^ v3;
+}
+
 static __always_inline void count_event(__u32 rule, int which)
 {
 	struct rule_events *e = bpf_map_lookup_elem(&rule_events, &rule);
@@ -135,7 +153,7 @@ static __always_inline int limit_source(__u32 rule, const volatile struct limit 
 			lo = top_bits(lo, l->prefix6 - 64);
 		}
 	}
-	__u64 h = siphash6(1, (__u64)rule << 8 | p->family, hi, lo, 0, 0);
+	__u64 h = siphash13_3((__u64)rule << 8 | p->family, hi, lo);
 	__u32 b = (h >> 32) & (limit_buckets - 1);
 	struct limit_bucket *bk = bpf_map_lookup_elem(&limit_sources, &b);
 	if (!bk)
@@ -186,7 +204,9 @@ static __always_inline int limit_conforms(__u32 rule, const struct pkt *p, __u32
  * and a 64-second time slot, then the MSS index, ECN, SACK and the client's
  * window scale (0xf: none). With timestamps, 8 more bits of the hash ride in
  * the low byte of the SYN-ACK's TSval. The ACK proves the cookie within two
- * time slots. */
+ * time slots. Slots are read from the coarse clock: a tick's precision is
+ * plenty for 68-second slots, and reading the clock source is not free,
+ * least of all in a VM. */
 enum cookie_bits {
 	COOKIE_WSCALE_NONE = 0xf,
 	COOKIE_SACK = 1 << 4,
@@ -506,7 +526,7 @@ static __noinline __u32 write_synack(void *ctx, const struct pkt *p, __u32 rule,
 		return 0;
 	struct synack *rp = &sc->reply;
 	__builtin_memset(rp, 0, sizeof(*rp));
-	__u32 len = build_synack(p, &h, &w.o, rp, bpf_ktime_get_ns());
+	__u32 len = build_synack(p, &h, &w.o, rp, bpf_ktime_get_coarse_ns());
 	__u32 l3 = p->family == 4 ? 20 : 40;
 	__u32 want = p->l3_off + len;
 	if (want > 0xffff || len < l3 + 20 || len > l3 + 60)
@@ -588,7 +608,7 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 	tcp_parse_opts(&w);
 	const struct tcp_opts o = w.o;
 	__u32 cookie = bpf_ntohl(s->ack_seq) - 1, isn = bpf_ntohl(s->seq) - 1;
-	__u64 slot = bpf_ktime_get_ns() >> COOKIE_SLOT_SHIFT;
+	__u64 slot = bpf_ktime_get_coarse_ns() >> COOKIE_SLOT_SHIFT;
 	int ok = 0;
 #pragma unroll
 	for (int k = 0; k < 2; k++) {

@@ -4,10 +4,11 @@
  *
  * The generator runs through BPF_PROG_RUN with BPF_F_TEST_XDP_LIVE_FRAMES:
  * the kernel hands it frames from a page pool initialised once with a
- * template, and every frame it redirects is transmitted for real. Pages are
- * recycled with whatever the last run left in them, so each run rewrites the
- * source address and port and updates the checksums from the frame's current
- * contents, never from the template. */
+ * template, and every frame it redirects is transmitted for real. Pages come
+ * back with whatever was last done to them, and not only by the generator: a
+ * receiver that answers with XDP_TX (a SYN cookie) rewrites the frame in
+ * place and sends the same page back. So each run first copies the headers
+ * back from gen_template, then rewrites the source address and port. */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/in.h>
@@ -20,6 +21,12 @@ char __license[] SEC("license") = "GPL";
 /* Generator configuration, set before load. */
 volatile const __u32 out_ifindex;
 volatile const __u8 gen_family = 4;
+volatile const __u8 gen_proto = IPPROTO_UDP; /* or IPPROTO_TCP: the template is a SYN */
+
+/* The frame's first bytes, its headers with valid checksums; the frame is
+ * at most GEN_TEMPLATE bytes. */
+#define GEN_TEMPLATE 80
+volatile const __u64 gen_template[GEN_TEMPLATE / 8];
 
 /* The flood's sources are src_count addresses spread over a range by an
  * odd multiplier, a bijection on the range's host bits, so the generator
@@ -87,28 +94,45 @@ int lab_gen(struct xdp_md *ctx)
 	__u32 src = bpf_htonl(src_base | host);
 	/* Source ports 1024-65535, like the study's random ports. */
 	__u16 sport = bpf_htons(1024 + random_below(64512));
-	__u8 *udp;
+
+	/* Eight bytes at a time, then what is left of the last eight. */
+#pragma unroll
+	for (int i = 0; i < GEN_TEMPLATE / 8; i++) {
+		if (data + 8 * (i + 1) > data_end) {
+#pragma unroll
+			for (int j = 0; j < 8; j++) {
+				if (data + 8 * i + j + 1 > data_end)
+					break;
+				((__u8 *)data)[8 * i + j] = (__u8)(gen_template[i] >> (8 * j));
+			}
+			break;
+		}
+		((__u64 *)data)[i] = gen_template[i];
+	}
+	__u8 *udp; /* the L4 header, UDP or TCP: ports first in both */
 	__u32 old_ports, new_ports;
 	__u64 s;
+	/* The checksum's offset in the L4 header, and how far it must reach. */
+	const __u32 csum_off = gen_proto == IPPROTO_TCP ? 16 : 6;
 
 	if (gen_family == 4) {
 		__u8 *ip = data + ETH_LEN;
 		udp = data + ETH_LEN + IP4_LEN;
-		if ((void *)(udp + 8) > data_end)
+		if ((void *)(udp + 20) > data_end)
 			return XDP_ABORTED;
 		__u32 old_addr = *(__u32 *)(ip + 12);
 		__u16 *ip_check = (__u16 *)(ip + 10);
 		*ip_check = csum_fold(csum_add_change((__u16)~*ip_check, old_addr, src));
 		*(__u32 *)(ip + 12) = src;
-		s = csum_add_change((__u16)~*(__u16 *)(udp + 6), old_addr, src);
+		s = csum_add_change((__u16)~*(__u16 *)(udp + csum_off), old_addr, src);
 	} else {
 		__u8 *ip = data + ETH_LEN;
 		udp = data + ETH_LEN + IP6_LEN;
-		if ((void *)(udp + 8) > data_end)
+		if ((void *)(udp + 20) > data_end)
 			return XDP_ABORTED;
 		__u32 *a = (__u32 *)(ip + 8);
 		__u32 w[4] = {src6_hi, src, bpf_get_prandom_u32(), bpf_get_prandom_u32()};
-		s = (__u16)~*(__u16 *)(udp + 6);
+		s = (__u16)~*(__u16 *)(udp + csum_off);
 		for (int i = 0; i < 4; i++) {
 			s = csum_add_change(s, a[i], w[i]);
 			a[i] = w[i];
@@ -118,10 +142,53 @@ int lab_gen(struct xdp_md *ctx)
 	new_ports = old_ports;
 	*(__u16 *)&new_ports = sport;
 	__u16 c = csum_fold(csum_add_change(s, old_ports, new_ports));
-	*(__u16 *)(udp + 6) = c ? c : 0xffff;
+	if (gen_proto == IPPROTO_TCP) {
+		/* A new sequence number for every SYN, as a flood tool sends. */
+		__u32 old_seq = *(__u32 *)(udp + 4), seq = bpf_get_prandom_u32();
+		c = csum_fold(csum_add_change((__u16)~c, old_seq, seq));
+		*(__u32 *)(udp + 4) = seq;
+		*(__u16 *)(udp + 16) = c;
+	} else {
+		*(__u16 *)(udp + 6) = c ? c : 0xffff; /* 0 is "no checksum" in UDP */
+	}
 	*(__u32 *)udp = new_ports;
 	generated++;
 	return bpf_redirect(out_ifindex, 0);
+}
+
+/* lab_sink, on the generator's side of the veth, takes what the receiving
+ * namespace sends back (SYN-ACKs, replies and errors to the flood's made-up
+ * sources) off the wire before the generator's stack spends anything on
+ * it; what is for the legitimate clients' network passes, to be routed to
+ * them. It also gives that side the XDP program a veth needs before it
+ * delivers what its peer's XDP transmits. */
+volatile const __u8 client4_prefix[3];
+volatile const __u8 client6_prefix[8];
+
+SEC("xdp")
+int lab_sink(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	__u8 *ip = data + ETH_LEN;
+	if ((void *)(eth + 1) > data_end)
+		return XDP_PASS;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		if ((void *)(ip + IP4_LEN) > data_end)
+			return XDP_PASS;
+		return ip[16] == client4_prefix[0] && ip[17] == client4_prefix[1] && ip[18] == client4_prefix[2] ? XDP_PASS : XDP_DROP;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
+		if ((void *)(ip + IP6_LEN) > data_end)
+			return XDP_PASS;
+		if (ip[6] == 58 && (void *)(ip + IP6_LEN + 1) <= data_end && ip[IP6_LEN] >= 133 && ip[IP6_LEN] <= 137)
+			return XDP_PASS; /* neighbour discovery */
+		for (int i = 0; i < 8; i++)
+			if (ip[24 + i] != client6_prefix[i])
+				return XDP_DROP;
+		return XDP_PASS;
+	}
+	return XDP_PASS;
 }
 
 /* flood_match is the study's XDP filter: IPv4 or IPv6 UDP to the flood's

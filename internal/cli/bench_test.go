@@ -81,3 +81,31 @@ func TestBenchLookup(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchRules runs a short rules benchmark: every rule kind for both
+// families, each dropping the frame (the bench refuses a run that does not),
+// with a cost and its ratio to the drop rule of the same run.
+func TestBenchRules(t *testing.T) {
+	testutil.Privileged(t)
+	var out struct {
+		Results []struct {
+			Rule        string  `json:"rule"`
+			Family      int     `json:"family"`
+			NsPerPacket float64 `json:"ns_per_packet"`
+			VsDrop      float64 `json:"vs_drop"`
+		} `json:"results"`
+	}
+	jsonOf(t, &out, "bench", "rules", "--repeat", "20000", "--runs", "3")
+	if len(out.Results) != 6 {
+		t.Fatalf("%d results, want 6: %+v", len(out.Results), out.Results)
+	}
+	for i, r := range out.Results {
+		want := []string{"drop", "limit", "limit-per-source"}[i%3]
+		if r.Rule != want || r.Family != []int{4, 6}[i/3] || r.NsPerPacket <= 0 || r.VsDrop <= 0 {
+			t.Errorf("result %d: %+v, want rule %s", i, r, want)
+		}
+		if r.Rule == "drop" && r.VsDrop != 1 {
+			t.Errorf("the drop rule against itself: %v", r.VsDrop)
+		}
+	}
+}

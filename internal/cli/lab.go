@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"time"
 
@@ -22,8 +24,183 @@ func labCmd(g *globals) *cobra.Command {
 		Use:   "lab",
 		Short: "Reproduce packet-filtering studies in network namespaces of its own",
 	}
-	c.AddCommand(labDropCmd(g))
+	c.AddCommand(labDropCmd(g), labFloodCmd(g))
 	return c
+}
+
+func labFloodCmd(g *globals) *cobra.Command {
+	var (
+		quick            bool
+		floods, defences []string
+		family, out      string
+		warmup, window   time.Duration
+		tcpRate, udpRate int
+		sources          int
+	)
+	c := &cobra.Command{
+		Use:   "flood [--quick] [--floods syn,udp,sources] [--defences a,b,...] [--family 4|6|both] [--out DIR]",
+		Short: "Legitimate traffic under floods no list can name, with each defence",
+		Long: `flood runs a receiving namespace with a TCP service (port 80: one request
+per connection) and a UDP echo (port 53), legitimate clients in a namespace
+of their own (100 addresses, routed through the generator's namespace so
+their traffic and the flood arrive on the same interface) and an in-kernel
+generator flooding at its full rate:
+
+  syn      SYNs from 2^24 random sources to the TCP service
+  udp      datagrams from 2^24 random sources to the UDP service
+  sources  datagrams from --sources sources, each far over a fair share
+
+Rows: ` + strings.Join(lab.DefenceNames(), ", ") + `; each defence
+runs against the floods it is for (the SYN defences against syn, the limit
+against udp and sources), and every family has an unflooded baseline.
+For every row: the legitimate requests answered within 1s and their p50/p99
+latency (and p99 over the baseline's), the flood offered, received and
+stopped (dropped, or answered without state), the receiving CPU's busy
+share and its time per packet received, and SYN-ACKs per busy core.
+
+Everything it creates (namespaces, links, rules, pins) is removed after
+each row, also on Ctrl-C or failure. It writes flood.json, flood.png and
+flood.svg to --out and prints a table.`,
+		Example: `  rampart lab flood --quick
+  rampart lab flood --floods syn --defences kernel-syncookies,rampart-syncookie --family 4`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := lab.FloodFull
+			if quick {
+				opts = lab.FloodQuick
+			}
+			f := cmd.Flags()
+			if f.Changed("warmup") {
+				opts.Warmup = warmup
+			}
+			if f.Changed("window") {
+				opts.Window = window
+			}
+			if f.Changed("tcp-rate") {
+				opts.TCPRate = tcpRate
+			}
+			if f.Changed("udp-rate") {
+				opts.UDPRate = udpRate
+			}
+			if f.Changed("sources") {
+				opts.Sources = sources
+			}
+			opts.Floods, opts.Defences = floods, defences
+			var err error
+			if opts.Families, err = families(family); err != nil {
+				return err
+			}
+			if err := opts.Validate(); err != nil {
+				return err
+			}
+			return runLab(g, "flood", out, func(dir string, progress func(string)) (*lab.FloodReport, error) {
+				opts.Dir, opts.Progress = dir, progress
+				return lab.Flood(cmd.Context(), opts)
+			}, func(rep *lab.FloodReport, out string) ([]string, error) {
+				return writeReport(out, "flood", rep, rep.Chart)
+			})
+		},
+	}
+	fl := c.Flags()
+	fl.BoolVar(&quick, "quick", false, "shorter windows (about a minute for every row and both families)")
+	fl.StringSliceVar(&floods, "floods", nil, "floods to run, comma-separated (default all): "+strings.Join(lab.FloodNames, ","))
+	fl.StringSliceVar(&defences, "defences", nil, "defences to run, comma-separated (default all): "+strings.Join(lab.DefenceNames(), ","))
+	fl.StringVar(&family, "family", "both", "4, 6 or both")
+	fl.StringVar(&out, "out", "", "directory for flood.json, flood.png and flood.svg (default ./lab-flood-TIME)")
+	fl.DurationVar(&warmup, "warmup", lab.FloodFull.Warmup, "flood time before the window")
+	fl.DurationVar(&window, "window", lab.FloodFull.Window, "length of the measurement window")
+	fl.IntVar(&tcpRate, "tcp-rate", lab.FloodFull.TCPRate, "legitimate TCP connections per second")
+	fl.IntVar(&udpRate, "udp-rate", lab.FloodFull.UDPRate, "legitimate UDP requests per second")
+	fl.IntVar(&sources, "sources", lab.FloodFull.Sources, "sources of the sources flood")
+	return c
+}
+
+// runLab is what the lab commands share: root, the output and work
+// directories, progress, the report written also when the run stops short,
+// and the table or JSON.
+func runLab[R interface{ WriteTable(io.Writer) }](g *globals, name, out string,
+	run func(dir string, progress func(string)) (R, error), write func(R, string) ([]string, error)) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("lab %s needs root: it creates network namespaces and loads BPF programs (run it with sudo)", name)
+	}
+	if out == "" {
+		out = "lab-" + name + "-" + time.Now().Format("20060102-150405")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "rampart-lab-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	var progress func(string)
+	if g.interactive() {
+		progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
+	}
+	rep, err := run(work, progress)
+	if progress != nil {
+		fmt.Fprint(g.env.Stderr, "\r\033[K")
+	}
+	if reflect.ValueOf(rep).IsNil() { // a run that could not start has no report
+		return err
+	}
+	files, werr := write(rep, out)
+	if errors.Is(err, context.Canceled) {
+		return fmt.Errorf("interrupted: the lab's namespaces, rules and pins are removed; partial results in %s", out)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (the lab's namespaces, rules and pins are removed; partial results in %s)", err, out)
+	}
+	if werr != nil {
+		return werr
+	}
+	if g.json {
+		return g.printJSON(rep)
+	}
+	rep.WriteTable(g.env.Stdout)
+	fmt.Fprintf(g.env.Stdout, "\nwrote %s\n", strings.Join(files, ", "))
+	return nil
+}
+
+// families reads --family.
+func families(s string) ([]int, error) {
+	switch s {
+	case "4":
+		return []int{4}, nil
+	case "6":
+		return []int{6}, nil
+	case "both":
+		return []int{4, 6}, nil
+	}
+	return nil, fmt.Errorf("--family %q: give 4, 6 or both", s)
+}
+
+// writeReport writes a lab report as NAME.json and its chart as NAME.png
+// and NAME.svg.
+func writeReport(dir, name string, rep any, chart func(format string) ([]byte, error)) ([]string, error) {
+	var files []string
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	p := filepath.Join(dir, name+".json")
+	files = append(files, p)
+	if err := os.WriteFile(p, append(js, '\n'), 0o644); err != nil {
+		return files, err
+	}
+	for _, format := range []string{"png", "svg"} {
+		b, err := chart(format)
+		if err != nil {
+			return files, fmt.Errorf("chart: %w", err)
+		}
+		p := filepath.Join(dir, name+"."+format)
+		files = append(files, p)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			return files, err
+		}
+	}
+	return files, nil
 }
 
 func labDropCmd(g *globals) *cobra.Command {
@@ -71,17 +248,10 @@ to --out and prints a table with the study's numbers beside the run's.`,
 				opts.Repeats = repeats
 			}
 			opts.Layers, opts.Sources = layers, sources
-			switch family {
-			case "4":
-				opts.Families = []int{4}
-			case "6":
-				opts.Families = []int{6}
-			case "both":
-				opts.Families = []int{4, 6}
-			default:
-				return fmt.Errorf("--family %q: give 4, 6 or both", family)
-			}
 			var err error
+			if opts.Families, err = families(family); err != nil {
+				return err
+			}
 			if opts.Src4, err = netip.ParsePrefix(src4); err != nil {
 				return fmt.Errorf("--src4: %w", err)
 			}
@@ -91,47 +261,10 @@ to --out and prints a table with the study's numbers beside the run's.`,
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			if os.Geteuid() != 0 {
-				return errors.New("lab drop needs root: it creates network namespaces and loads BPF programs (run it with sudo)")
-			}
-			if out == "" {
-				out = "lab-drop-" + time.Now().Format("20060102-150405")
-			}
-			if err := os.MkdirAll(out, 0o755); err != nil {
-				return err
-			}
-			work, err := os.MkdirTemp("", "rampart-lab-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(work)
-			opts.Dir = work
-			if g.interactive() {
-				opts.Progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
-			}
-			rep, err := lab.Drop(cmd.Context(), opts)
-			if g.interactive() {
-				fmt.Fprint(g.env.Stderr, "\r\033[K")
-			}
-			if rep == nil {
-				return err
-			}
-			files, werr := writeLabFiles(rep, out)
-			if errors.Is(err, context.Canceled) {
-				return fmt.Errorf("interrupted: the lab's namespaces, rules and pins are removed; partial results in %s", out)
-			}
-			if err != nil {
-				return fmt.Errorf("%w (the lab's namespaces, rules and pins are removed; partial results in %s)", err, out)
-			}
-			if werr != nil {
-				return werr
-			}
-			if g.json {
-				return g.printJSON(rep)
-			}
-			rep.WriteTable(g.env.Stdout)
-			fmt.Fprintf(g.env.Stdout, "\nwrote %s\n", strings.Join(files, ", "))
-			return nil
+			return runLab(g, "drop", out, func(dir string, progress func(string)) (*lab.Report, error) {
+				opts.Dir, opts.Progress = dir, progress
+				return lab.Drop(cmd.Context(), opts)
+			}, writeLabFiles)
 		},
 	}
 	fl := c.Flags()

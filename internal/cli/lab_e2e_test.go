@@ -218,3 +218,67 @@ func TestLabDropInterrupted(t *testing.T) {
 	}
 	assertUnchanged(t, before)
 }
+
+// floodResult is the part of `lab flood --json` the tests read.
+type floodResult struct {
+	Defence       string   `json:"defence"`
+	Flood         string   `json:"flood"`
+	Family        int      `json:"family"`
+	Legit         string   `json:"legit"`
+	Status        string   `json:"status"`
+	Reason        string   `json:"reason"`
+	LegitRequests int      `json:"legit_requests"`
+	LegitSuccess  *float64 `json:"legit_success"`
+	LegitP50      *float64 `json:"legit_p50_ms"`
+	LegitP99      *float64 `json:"legit_p99_ms"`
+	Offered       *float64 `json:"offered_mpps"`
+	Dropped       *float64 `json:"dropped_mpps"`
+	CPUBusy       *float64 `json:"cpu_busy"`
+	NsPerPacket   *float64 `json:"ns_per_packet"`
+}
+
+// TestLabFlood runs `lab flood --quick` on two rows, the unflooded
+// baseline and rampart's SYN cookies under the SYN flood, and checks the
+// JSON, that the flood ran and was answered, that legitimate clients got
+// through, the files, and that nothing was left behind.
+func TestLabFlood(t *testing.T) {
+	testutil.Privileged(t)
+	before := hostState(t)
+	out := t.TempDir()
+	var rep struct {
+		Environment map[string]any   `json:"environment"`
+		Results     []floodResult    `json:"results"`
+		Checks      []map[string]any `json:"checks"`
+	}
+	jsonOf(t, &rep, "lab", "flood", "--quick", "--warmup", "300ms", "--window", "1s",
+		"--floods", "syn", "--defences", "rampart-syncookie", "--family", "4", "--out", out)
+	if len(rep.Results) != 2 {
+		t.Fatalf("want 2 results, got %+v", rep.Results)
+	}
+	for _, r := range rep.Results {
+		if r.LegitSuccess == nil || r.LegitP50 == nil || r.LegitP99 == nil || r.Offered == nil || r.Dropped == nil ||
+			r.CPUBusy == nil || r.NsPerPacket == nil || r.Family != 4 || r.Legit != "tcp" {
+			t.Fatalf("result lacks a field: %+v", r)
+		}
+		if r.Status != "ok" || r.LegitRequests == 0 || *r.LegitSuccess < 0 || *r.LegitSuccess > 1 {
+			t.Errorf("%s/%s: %+v (%s)", r.Flood, r.Defence, r, r.Reason)
+		}
+	}
+	base, cookies := rep.Results[0], rep.Results[1]
+	if base.Flood != "none" || base.Defence != "none" || *base.LegitSuccess < 0.9 || *base.Offered != 0 {
+		t.Errorf("baseline: %+v", base)
+	}
+	if cookies.Flood != "syn" || cookies.Defence != "rampart-syncookie" || *cookies.Offered <= 0 || *cookies.Dropped <= 0 ||
+		*cookies.NsPerPacket <= 0 || *cookies.LegitSuccess == 0 {
+		t.Errorf("rampart syncookie under the SYN flood: %+v", cookies)
+	}
+	if len(rep.Checks) == 0 || rep.Environment["kernel"] == "" {
+		t.Errorf("no checks or environment: %+v %+v", rep.Checks, rep.Environment)
+	}
+	for _, f := range []string{"flood.json", "flood.png", "flood.svg"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	assertUnchanged(t, before)
+}

@@ -83,7 +83,12 @@ func (r *Report) Chart(format string) ([]byte, error) {
 	}
 	p.Y.Min = math.Pow(10, math.Floor(math.Log10(lo)))
 	p.Y.Max = math.Pow(10, math.Ceil(math.Log10(hi*1.5)))
-	wt, err := p.WriterTo(vg.Length(max(8, 1.1*float64(len(layers))))*vg.Inch, 5*vg.Inch, format)
+	return render(p, vg.Length(max(8, 1.1*float64(len(layers))))*vg.Inch, format)
+}
+
+// render draws p, 5 inches high, as png or svg.
+func render(p *plot.Plot, width vg.Length, format string) ([]byte, error) {
+	wt, err := p.WriterTo(width, 5*vg.Inch, format)
 	if err != nil {
 		return nil, err
 	}

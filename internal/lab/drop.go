@@ -170,13 +170,9 @@ func Drop(ctx context.Context, o Options) (*Report, error) {
 				rep.Results = results(plans)
 				return rep, ctx.Err()
 			}
-			var skip skipError
-			switch {
-			case errors.As(err, &skip):
-				p.res.Status, p.res.Reason = StatusSkipped, skip.Error()
-			case err != nil:
-				p.res.Status, p.res.Reason = StatusFailed, err.Error()
-			default:
+			if err != nil {
+				p.res.Status, p.res.Reason = failure(err)
+			} else {
 				p.res.Mode = mode
 				p.samples = append(p.samples, s)
 			}
@@ -204,6 +200,16 @@ func results(plans []*plan) []Result {
 type skipError struct{ reason string }
 
 func (e skipError) Error() string { return e.reason }
+
+// failure is a row's status and reason after err: skipped when the host
+// cannot run it, failed otherwise.
+func failure(err error) (status, reason string) {
+	var skip skipError
+	if errors.As(err, &skip) {
+		return StatusSkipped, skip.Error()
+	}
+	return StatusFailed, err.Error()
+}
 
 // cpuPlan says where the generator, the receive path and the application run.
 type cpuPlan struct{ gen, rx, app int }

@@ -34,6 +34,8 @@ type flood struct {
 	count            uint32
 	base, mask, mult uint32
 	hi               [4]byte // IPv6: the fixed first 32 bits
+	proto            uint8   // UDP, or TCP for a SYN flood
+	port             uint16  // destination port
 }
 
 // newFlood spreads count sources over prefix. IPv4 varies the host bits;
@@ -44,7 +46,7 @@ func newFlood(family int, prefix netip.Prefix, count int) (*flood, error) {
 	}
 	prefix = prefix.Masked()
 	a := prefix.Addr().As16()
-	f := &flood{family: family, count: uint32(count)}
+	f := &flood{family: family, count: uint32(count), proto: unix.IPPROTO_UDP, port: floodPort}
 	word, fixed := binary.BigEndian.Uint32(a[12:]), prefix.Bits()
 	if family == 6 {
 		if prefix.Bits() > 63 {
@@ -89,15 +91,21 @@ func (f *flood) writeList(dir string) (string, error) {
 }
 
 // frame is the template the generator rewrites: the study's UDP packet with
-// 16 bytes of payload to the flood's destination; source address and port
-// are overwritten per frame, checksums kept valid.
+// 16 bytes of payload to the flood's destination, or a SYN with an MSS
+// option; source address and port (and a SYN's sequence number) are
+// overwritten per frame, checksums kept valid.
 func (f *flood) frame(srcMAC, dstMAC net.HardwareAddr) []byte {
 	src, dst := genAddr4, rxAddr4
 	if f.family == 6 {
 		src, dst = genAddr6, rxAddr6
 	}
-	return packet.Frame{SrcMAC: srcMAC, DstMAC: dstMAC, Src: src, Dst: dst, Proto: unix.IPPROTO_UDP,
-		Sport: 40000, Dport: floodPort, Payload: 16}.Bytes()
+	fr := packet.Frame{SrcMAC: srcMAC, DstMAC: dstMAC, Src: src, Dst: dst, Proto: f.proto, Sport: 40000, Dport: f.port}
+	if f.proto == unix.IPPROTO_TCP {
+		fr.TCPFlags, fr.TCPOpts = 0x02, []byte{2, 4, 0x05, 0xb4}
+	} else {
+		fr.Payload = 16
+	}
+	return fr.Bytes()
 }
 
 // loadObjects loads the lab's programs for one row: the generator aimed at
@@ -108,17 +116,32 @@ func loadObjects(t *topology, f *flood) (*labObjects, error) {
 		return nil, err
 	}
 	p4, p6 := rxAddr4.As4(), rxAddr6.As16()
+	c4, c6 := clientNet4.Addr().As4(), clientNet6.Addr().As16()
+	frame := f.frame(t.genMAC, t.rxMAC)
+	var template [10]uint64
+	if len(frame) > 8*len(template) {
+		return nil, fmt.Errorf("the flood's frame is %d bytes, the generator's template holds %d", len(frame), 8*len(template))
+	}
+	for i := range template {
+		var b [8]byte
+		copy(b[:], frame[min(8*i, len(frame)):])
+		template[i] = binary.NativeEndian.Uint64(b[:])
+	}
 	for name, v := range map[string]any{
-		labVarOutIfindex: uint32(t.genIndex),
-		labVarGenFamily:  uint8(f.family),
-		labVarSrcCount:   f.count,
-		labVarSrcBase:    f.base,
-		labVarSrcMask:    f.mask,
-		labVarSrcMult:    f.mult,
-		labVarSrc6Hi:     binary.NativeEndian.Uint32(f.hi[:]), // the bytes as they lie in the packet
-		labVarDst4Prefix: [3]byte(p4[:3]),
-		labVarDst6Prefix: [8]byte(p6[:8]),
-		labVarFloodPort:  uint16(floodPort),
+		labVarOutIfindex:    uint32(t.genIndex),
+		labVarGenFamily:     uint8(f.family),
+		labVarGenProto:      f.proto,
+		labVarClient4Prefix: [3]byte(c4[:3]),
+		labVarClient6Prefix: [8]byte(c6[:8]),
+		labVarSrcCount:      f.count,
+		labVarSrcBase:       f.base,
+		labVarSrcMask:       f.mask,
+		labVarSrcMult:       f.mult,
+		labVarGenTemplate:   template,
+		labVarSrc6Hi:        binary.NativeEndian.Uint32(f.hi[:]), // the bytes as they lie in the packet
+		labVarDst4Prefix:    [3]byte(p4[:3]),
+		labVarDst6Prefix:    [8]byte(p6[:8]),
+		labVarFloodPort:     f.port,
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return nil, fmt.Errorf("set %s: %w", name, err)

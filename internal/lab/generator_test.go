@@ -1,8 +1,10 @@
 package lab
 
 import (
+	"bytes"
 	"encoding/binary"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -42,76 +44,98 @@ func TestFloodSources(t *testing.T) {
 
 // TestGeneratorFrames runs the generator once per frame, outside live mode,
 // and checks what it would send: a source the blocklist lists, a random
-// port, and checksums that verify.
+// port, and checksums that verify; a SYN flood's frames are SYNs to the
+// port. Each run starts from what the last left, as recycled pages do, and
+// every other run from a page a receiver rewrote (a SYN-ACK sent back with
+// XDP_TX comes back to the generator's pool): the frame must be whole again.
 func TestGeneratorFrames(t *testing.T) {
 	testutil.Privileged(t)
 	for _, tc := range []struct {
 		family int
 		src    string
-	}{{4, "10.0.0.0/8"}, {6, "fd10::/32"}} {
+		proto  uint8
+	}{{4, "10.0.0.0/8", 17}, {6, "fd10::/32", 17}, {4, "10.0.0.0/8", 6}, {6, "fd10::/32", 6}} {
 		f, err := newFlood(tc.family, netip.MustParsePrefix(tc.src), 1000)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if tc.proto == 6 {
+			f.proto, f.port = 6, 80
 		}
 		listed := map[netip.Prefix]bool{}
 		for i := range f.count {
 			listed[f.source(i)] = true
 		}
-		objs, err := loadObjects(&topology{genIndex: 1}, f)
+		topo := &topology{genIndex: 1, genMAC: []byte{2, 0, 0, 0, 0, 1}, rxMAC: []byte{2, 0, 0, 0, 0, 2}}
+		objs, err := loadObjects(topo, f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer objs.Close()
-		frame := f.frame([]byte{2, 0, 0, 0, 0, 1}, []byte{2, 0, 0, 0, 0, 2})
+		frame := f.frame(topo.genMAC, topo.rxMAC)
 		ports := map[uint16]bool{}
-		for range 200 {
+		for i := range 200 {
+			if i%2 == 1 {
+				for j := range frame {
+					frame[j] ^= 0x5a
+				}
+			}
 			out := make([]byte, len(frame))
 			if _, err := objs.LabGen.Run(&ebpf.RunOptions{Data: frame, DataOut: out}); err != nil {
 				t.Fatal(err)
 			}
-			frame = out // the next run starts from what this one left, as recycled pages do
+			frame = out
+			if !bytes.Equal(out[:12], append(slices.Clone(topo.rxMAC), topo.genMAC...)) {
+				t.Fatalf("MACs % x, want the receiver's then the generator's", out[:12])
+			}
 			var src netip.Prefix
-			var udp []byte
+			var l4 []byte
 			if tc.family == 4 {
 				ip := out[14:34]
 				if packet.Checksum(ip) != 0 {
 					t.Fatalf("IPv4 header checksum does not verify: % x", ip)
 				}
 				src = netip.PrefixFrom(netip.AddrFrom4([4]byte(ip[12:16])), 32)
-				udp = out[34:]
+				l4 = out[34:]
 			} else {
 				ip := out[14:54]
 				src, _ = netip.AddrFrom16([16]byte(ip[8:24])).Prefix(64)
-				udp = out[54:]
+				l4 = out[54:]
 			}
 			if !listed[src] {
 				t.Fatalf("source %s is not one of the flood's listed sources", src)
 			}
-			if !udpChecksumOK(out, tc.family) {
-				t.Fatalf("UDP checksum does not verify: % x", out)
+			if !l4ChecksumOK(out, tc.family, tc.proto) {
+				t.Fatalf("L4 checksum does not verify: % x", out)
 			}
-			sport := binary.BigEndian.Uint16(udp)
+			if dport := binary.BigEndian.Uint16(l4[2:]); dport != f.port {
+				t.Fatalf("destination port %d, want %d", dport, f.port)
+			}
+			if tc.proto == 6 && l4[13] != 0x02 {
+				t.Fatalf("TCP flags %#x, want a SYN", l4[13])
+			}
+			sport := binary.BigEndian.Uint16(l4)
 			if sport < 1024 {
 				t.Fatalf("source port %d below 1024", sport)
 			}
 			ports[sport] = true
 		}
 		if len(ports) < 150 {
-			t.Errorf("IPv%d: only %d distinct source ports in 200 frames", tc.family, len(ports))
+			t.Errorf("IPv%d proto %d: only %d distinct source ports in 200 frames", tc.family, tc.proto, len(ports))
 		}
 	}
 }
 
-func udpChecksumOK(frame []byte, family int) bool {
-	var pseudo, udp []byte
+func l4ChecksumOK(frame []byte, family int, proto uint8) bool {
+	var pseudo, l4 []byte
 	if family == 4 {
 		ip := frame[14:34]
-		udp = frame[34:]
-		pseudo = append(append([]byte{}, ip[12:20]...), 0, 17, 0, byte(len(udp)))
+		l4 = frame[34:]
+		pseudo = append(append([]byte{}, ip[12:20]...), 0, proto, 0, byte(len(l4)))
 	} else {
 		ip := frame[14:54]
-		udp = frame[54:]
-		pseudo = append(append([]byte{}, ip[8:40]...), 0, 0, 0, byte(len(udp)), 0, 0, 0, 17)
+		l4 = frame[54:]
+		pseudo = append(append([]byte{}, ip[8:40]...), 0, 0, 0, byte(len(l4)), 0, 0, 0, proto)
 	}
-	return packet.Checksum(append(pseudo, udp...)) == 0
+	return packet.Checksum(append(pseudo, l4...)) == 0
 }

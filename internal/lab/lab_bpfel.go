@@ -29,25 +29,30 @@ type labLabLpmV6Key struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	labMapLabDrops     = "lab_drops"
-	labMapLabLpmV4     = "lab_lpm_v4"
-	labMapLabLpmV6     = "lab_lpm_v6"
-	labProgLabGen      = "lab_gen"
-	labProgLabSockDrop = "lab_sock_drop"
-	labProgLabTcDrop   = "lab_tc_drop"
-	labProgLabXdpDrop  = "lab_xdp_drop"
-	labProgLabXdpLpm   = "lab_xdp_lpm"
-	labVarDst4Prefix   = "dst4_prefix"
-	labVarDst6Prefix   = "dst6_prefix"
-	labVarFloodPort    = "flood_port"
-	labVarGenFamily    = "gen_family"
-	labVarGenerated    = "generated"
-	labVarOutIfindex   = "out_ifindex"
-	labVarSrc6Hi       = "src6_hi"
-	labVarSrcBase      = "src_base"
-	labVarSrcCount     = "src_count"
-	labVarSrcMask      = "src_mask"
-	labVarSrcMult      = "src_mult"
+	labMapLabDrops      = "lab_drops"
+	labMapLabLpmV4      = "lab_lpm_v4"
+	labMapLabLpmV6      = "lab_lpm_v6"
+	labProgLabGen       = "lab_gen"
+	labProgLabSink      = "lab_sink"
+	labProgLabSockDrop  = "lab_sock_drop"
+	labProgLabTcDrop    = "lab_tc_drop"
+	labProgLabXdpDrop   = "lab_xdp_drop"
+	labProgLabXdpLpm    = "lab_xdp_lpm"
+	labVarClient4Prefix = "client4_prefix"
+	labVarClient6Prefix = "client6_prefix"
+	labVarDst4Prefix    = "dst4_prefix"
+	labVarDst6Prefix    = "dst6_prefix"
+	labVarFloodPort     = "flood_port"
+	labVarGenFamily     = "gen_family"
+	labVarGenProto      = "gen_proto"
+	labVarGenTemplate   = "gen_template"
+	labVarGenerated     = "generated"
+	labVarOutIfindex    = "out_ifindex"
+	labVarSrc6Hi        = "src6_hi"
+	labVarSrcBase       = "src_base"
+	labVarSrcCount      = "src_count"
+	labVarSrcMask       = "src_mask"
+	labVarSrcMult       = "src_mult"
 )
 
 // loadLab returns the embedded CollectionSpec for lab.
@@ -93,6 +98,7 @@ type labSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type labProgramSpecs struct {
 	LabGen      *ebpf.ProgramSpec `ebpf:"lab_gen"`
+	LabSink     *ebpf.ProgramSpec `ebpf:"lab_sink"`
 	LabSockDrop *ebpf.ProgramSpec `ebpf:"lab_sock_drop"`
 	LabTcDrop   *ebpf.ProgramSpec `ebpf:"lab_tc_drop"`
 	LabXdpDrop  *ebpf.ProgramSpec `ebpf:"lab_xdp_drop"`
@@ -112,17 +118,21 @@ type labMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type labVariableSpecs struct {
-	Dst4Prefix *ebpf.VariableSpec `ebpf:"dst4_prefix"`
-	Dst6Prefix *ebpf.VariableSpec `ebpf:"dst6_prefix"`
-	FloodPort  *ebpf.VariableSpec `ebpf:"flood_port"`
-	GenFamily  *ebpf.VariableSpec `ebpf:"gen_family"`
-	Generated  *ebpf.VariableSpec `ebpf:"generated"`
-	OutIfindex *ebpf.VariableSpec `ebpf:"out_ifindex"`
-	Src6Hi     *ebpf.VariableSpec `ebpf:"src6_hi"`
-	SrcBase    *ebpf.VariableSpec `ebpf:"src_base"`
-	SrcCount   *ebpf.VariableSpec `ebpf:"src_count"`
-	SrcMask    *ebpf.VariableSpec `ebpf:"src_mask"`
-	SrcMult    *ebpf.VariableSpec `ebpf:"src_mult"`
+	Client4Prefix *ebpf.VariableSpec `ebpf:"client4_prefix"`
+	Client6Prefix *ebpf.VariableSpec `ebpf:"client6_prefix"`
+	Dst4Prefix    *ebpf.VariableSpec `ebpf:"dst4_prefix"`
+	Dst6Prefix    *ebpf.VariableSpec `ebpf:"dst6_prefix"`
+	FloodPort     *ebpf.VariableSpec `ebpf:"flood_port"`
+	GenFamily     *ebpf.VariableSpec `ebpf:"gen_family"`
+	GenProto      *ebpf.VariableSpec `ebpf:"gen_proto"`
+	GenTemplate   *ebpf.VariableSpec `ebpf:"gen_template"`
+	Generated     *ebpf.VariableSpec `ebpf:"generated"`
+	OutIfindex    *ebpf.VariableSpec `ebpf:"out_ifindex"`
+	Src6Hi        *ebpf.VariableSpec `ebpf:"src6_hi"`
+	SrcBase       *ebpf.VariableSpec `ebpf:"src_base"`
+	SrcCount      *ebpf.VariableSpec `ebpf:"src_count"`
+	SrcMask       *ebpf.VariableSpec `ebpf:"src_mask"`
+	SrcMult       *ebpf.VariableSpec `ebpf:"src_mult"`
 }
 
 // labObjects contains all objects after they have been loaded into the kernel.
@@ -162,17 +172,21 @@ func (m *labMaps) Close() error {
 //
 // It can be passed to loadLabObjects or ebpf.CollectionSpec.LoadAndAssign.
 type labVariables struct {
-	Dst4Prefix *ebpf.Variable `ebpf:"dst4_prefix"`
-	Dst6Prefix *ebpf.Variable `ebpf:"dst6_prefix"`
-	FloodPort  *ebpf.Variable `ebpf:"flood_port"`
-	GenFamily  *ebpf.Variable `ebpf:"gen_family"`
-	Generated  *ebpf.Variable `ebpf:"generated"`
-	OutIfindex *ebpf.Variable `ebpf:"out_ifindex"`
-	Src6Hi     *ebpf.Variable `ebpf:"src6_hi"`
-	SrcBase    *ebpf.Variable `ebpf:"src_base"`
-	SrcCount   *ebpf.Variable `ebpf:"src_count"`
-	SrcMask    *ebpf.Variable `ebpf:"src_mask"`
-	SrcMult    *ebpf.Variable `ebpf:"src_mult"`
+	Client4Prefix *ebpf.Variable `ebpf:"client4_prefix"`
+	Client6Prefix *ebpf.Variable `ebpf:"client6_prefix"`
+	Dst4Prefix    *ebpf.Variable `ebpf:"dst4_prefix"`
+	Dst6Prefix    *ebpf.Variable `ebpf:"dst6_prefix"`
+	FloodPort     *ebpf.Variable `ebpf:"flood_port"`
+	GenFamily     *ebpf.Variable `ebpf:"gen_family"`
+	GenProto      *ebpf.Variable `ebpf:"gen_proto"`
+	GenTemplate   *ebpf.Variable `ebpf:"gen_template"`
+	Generated     *ebpf.Variable `ebpf:"generated"`
+	OutIfindex    *ebpf.Variable `ebpf:"out_ifindex"`
+	Src6Hi        *ebpf.Variable `ebpf:"src6_hi"`
+	SrcBase       *ebpf.Variable `ebpf:"src_base"`
+	SrcCount      *ebpf.Variable `ebpf:"src_count"`
+	SrcMask       *ebpf.Variable `ebpf:"src_mask"`
+	SrcMult       *ebpf.Variable `ebpf:"src_mult"`
 }
 
 // labPrograms contains all programs after they have been loaded into the kernel.
@@ -180,6 +194,7 @@ type labVariables struct {
 // It can be passed to loadLabObjects or ebpf.CollectionSpec.LoadAndAssign.
 type labPrograms struct {
 	LabGen      *ebpf.Program `ebpf:"lab_gen"`
+	LabSink     *ebpf.Program `ebpf:"lab_sink"`
 	LabSockDrop *ebpf.Program `ebpf:"lab_sock_drop"`
 	LabTcDrop   *ebpf.Program `ebpf:"lab_tc_drop"`
 	LabXdpDrop  *ebpf.Program `ebpf:"lab_xdp_drop"`
@@ -189,6 +204,7 @@ type labPrograms struct {
 func (p *labPrograms) Close() error {
 	return _LabClose(
 		p.LabGen,
+		p.LabSink,
 		p.LabSockDrop,
 		p.LabTcDrop,
 		p.LabXdpDrop,
