@@ -316,3 +316,22 @@ int lab_xdp_lpm(struct xdp_md *ctx)
 	count_drop();
 	return XDP_DROP;
 }
+
+/* `lab egress`'s tc-lpm method, the egress study's own filter: on the
+ * client's clsact egress, an IPv4 packet whose destination the kernel's LPM
+ * trie holds is dropped. */
+SEC("tc")
+int lab_tc_lpm_dst(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data, *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u8 *ip = data + ETH_LEN;
+	if ((void *)(ip + IP4_LEN) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return TC_ACT_OK;
+	struct lab_lpm_v4_key k = {.prefixlen = 32};
+	__builtin_memcpy(k.addr, ip + 16, 4);
+	if (!bpf_map_lookup_elem(&lab_lpm_v4, &k))
+		return TC_ACT_OK;
+	count_drop();
+	return TC_ACT_SHOT;
+}

@@ -134,7 +134,7 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 	subjects := []subject{{XDPDrop, steps.BenchDrop, nil}, {Parse, steps.BenchParse, nil}, {Baseline, steps.BenchLookup, nil}}
 
 	say("generating %d prefixes", size)
-	prefixes := generate(fam, mix, size)
+	prefixes := Prefixes(fam, mix, size)
 	say("building rampart's tables")
 	tables, rt, r := rampart(fam, prefixes, steps.Sources)
 	loaded[Rampart] = &r
@@ -438,9 +438,9 @@ func lengths(fam int, mix string, i int, rng *rand.Rand) int {
 	return host
 }
 
-// generate draws size prefixes of the mix, deterministically: IPv4 anywhere,
+// Prefixes draws size prefixes of the mix, deterministically: IPv4 anywhere,
 // IPv6 in 2000::/3.
-func generate(fam int, mix string, size int) []netip.Prefix {
+func Prefixes(fam int, mix string, size int) []netip.Prefix {
 	rng := rand.New(rand.NewPCG(uint64(fam), uint64(size)))
 	out := make([]netip.Prefix, size)
 	for i := range out {

@@ -24,7 +24,7 @@ func labCmd(g *globals) *cobra.Command {
 		Use:   "lab",
 		Short: "Reproduce packet-filtering studies in network namespaces of its own",
 	}
-	c.AddCommand(labDropCmd(g), labFloodCmd(g))
+	c.AddCommand(labDropCmd(g), labFloodCmd(g), labEgressCmd(g))
 	return c
 }
 
@@ -96,9 +96,7 @@ flood.svg to --out and prints a table.`,
 			return runLab(g, "flood", out, func(dir string, progress func(string)) (*lab.FloodReport, error) {
 				opts.Dir, opts.Progress = dir, progress
 				return lab.Flood(cmd.Context(), opts)
-			}, func(rep *lab.FloodReport, out string) ([]string, error) {
-				return writeReport(out, "flood", rep, rep.Chart)
-			})
+			}, writeFloodFiles)
 		},
 	}
 	fl := c.Flags()
@@ -113,6 +111,154 @@ flood.svg to --out and prints a table.`,
 	fl.IntVar(&udpRate, "udp-rate", lab.FloodFull.UDPRate, "legitimate UDP requests per second")
 	fl.IntVar(&sources, "sources", lab.FloodFull.Sources, "sources of the sources flood")
 	return c
+}
+
+func labEgressCmd(g *globals) *cobra.Command {
+	var (
+		quick, large      bool
+		methods           []string
+		sizes, out, dests string
+		rounds            int
+		window, budget    time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "egress [--quick] [--sizes 10,1000,...] [--large] [--methods a,b,...] [--destinations many|one] [--out DIR]",
+		Short: "What filtering outgoing traffic by destination costs, by list size, rampart beside iptables, ipset, nftables and an LPM trie",
+		Long: `egress reruns the egress-filtering scale study (SAP and Kinvolk, 2020) in a
+client and a server namespace joined by a veth pair. Each method filters the
+client's outgoing traffic by a deny list of the study's mix (10% /24, 1% /16,
+the rest /32): ` + strings.Join(lab.EgressMethodNames(), ", ") + `.
+iptables is one OUTPUT rule per prefix (iptables-restore), ipset a hash:net
+set and one rule, nft-set an interval set and one rule, tc-lpm the study's
+own filter (clsact egress, cls_bpf, the kernel's LPM trie), rampart a real
+rampart apply --egress.
+
+Per method and size, set up fresh in every round: set-up time from list file
+to filter live; a check that a listed destination is unreachable; UDP at
+saturation from one client CPU (sendmmsg, 18-byte payloads) counted at the
+server's interface; one TCP connection (iperf3); ping every 1 ms (mean and
+p99). Traffic goes to 4,096 addresses the server answers for, none listed,
+so that lookups walk the structures as real traffic would;
+--destinations one sends it all to one address, as the study did.
+
+It prints a table per metric and the study's findings and the issue's
+targets as checks, and writes egress.json, egress.csv and a chart per
+metric (egress-METRIC.png and .svg) to --out. Namespaces, rules, sets and
+pins are removed after each row, also on Ctrl-C.`,
+		Example: `  rampart lab egress --quick
+  rampart lab egress --sizes 1000,1000000 --methods none,ipset,rampart --rounds 3`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts := lab.EgressFull
+			if quick {
+				opts = lab.EgressQuick
+			}
+			f := cmd.Flags()
+			if f.Changed("sizes") {
+				var err error
+				if opts.Sizes, err = intList(sizes, "--sizes"); err != nil {
+					return err
+				}
+			}
+			if large {
+				opts.Sizes = append(opts.Sizes, lab.EgressLarge...)
+			}
+			if f.Changed("rounds") {
+				opts.Rounds = rounds
+			}
+			if f.Changed("window") {
+				opts.Window = window
+			}
+			if f.Changed("budget") {
+				opts.Budget = budget
+			}
+			opts.Methods, opts.Destinations = methods, dests
+			if err := opts.Validate(); err != nil {
+				return err
+			}
+			return runLab(g, "egress", out, func(dir string, progress func(string)) (*lab.EgressReport, error) {
+				opts.Dir, opts.Progress = dir, progress
+				return lab.Egress(cmd.Context(), opts)
+			}, writeEgressFiles)
+		},
+	}
+	fl := c.Flags()
+	fl.BoolVar(&quick, "quick", false, "sizes 10, 10k and 1M, 2 rounds, 1 s windows")
+	fl.BoolVar(&large, "large", false, "add 10M and 50M prefixes")
+	fl.StringSliceVar(&methods, "methods", nil, "methods to run, comma-separated (default all): "+strings.Join(lab.EgressMethodNames(), ","))
+	fl.StringVar(&sizes, "sizes", "10,100,1000,10000,100000,1000000", "list sizes, comma-separated")
+	fl.StringVar(&dests, "destinations", "many", "many (4,096 addresses) or one (the study's single server address)")
+	fl.IntVar(&rounds, "rounds", lab.EgressFull.Rounds, "rounds (the report gives median and min-max)")
+	fl.DurationVar(&window, "window", lab.EgressFull.Window, "length of each throughput test")
+	fl.DurationVar(&budget, "budget", lab.EgressFull.Budget, "a method whose set-up takes longer is reported as over budget")
+	fl.StringVar(&out, "out", "", "directory for egress.json, egress.csv and the charts (default ./lab-egress-TIME)")
+	return c
+}
+
+// reportFiles writes a lab's files into dir and keeps their paths.
+type reportFiles struct {
+	dir   string
+	files []string
+}
+
+func (w *reportFiles) write(name string, data []byte) error {
+	p := filepath.Join(w.dir, name)
+	w.files = append(w.files, p)
+	return os.WriteFile(p, data, 0o644)
+}
+
+func (w *reportFiles) json(name string, v any) error {
+	js, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return w.write(name, append(js, '\n'))
+}
+
+func (w *reportFiles) csv(name string, writeCSV func(io.Writer) error) error {
+	var b bytes.Buffer
+	if err := writeCSV(&b); err != nil {
+		return err
+	}
+	return w.write(name, b.Bytes())
+}
+
+// charts writes name.png and name.svg.
+func (w *reportFiles) charts(name string, chart func(format string) ([]byte, error)) error {
+	for _, format := range []string{"png", "svg"} {
+		b, err := chart(format)
+		if err != nil {
+			return fmt.Errorf("chart: %w", err)
+		}
+		if err := w.write(name+"."+format, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeDropFiles(rep *lab.Report, dir string) ([]string, error) {
+	w := &reportFiles{dir: dir}
+	err := errors.Join(w.json("drop.json", rep), w.csv("drop.csv", rep.WriteCSV), w.charts("drop", rep.Chart))
+	return w.files, err
+}
+
+func writeFloodFiles(rep *lab.FloodReport, dir string) ([]string, error) {
+	w := &reportFiles{dir: dir}
+	err := errors.Join(w.json("flood.json", rep), w.charts("flood", rep.Chart))
+	return w.files, err
+}
+
+// writeEgressFiles writes a chart for each metric something measured.
+func writeEgressFiles(rep *lab.EgressReport, dir string) ([]string, error) {
+	w := &reportFiles{dir: dir}
+	err := errors.Join(w.json("egress.json", rep), w.csv("egress.csv", rep.WriteCSV))
+	for _, metric := range lab.EgressMetrics {
+		if rep.Measured(metric) {
+			err = errors.Join(err, w.charts("egress-"+metric, func(format string) ([]byte, error) { return rep.Chart(metric, format) }))
+		}
+	}
+	return w.files, err
 }
 
 // runLab is what the lab commands share: root, the output and work
@@ -176,33 +322,6 @@ func families(s string) ([]int, error) {
 	return nil, fmt.Errorf("--family %q: give 4, 6 or both", s)
 }
 
-// writeReport writes a lab report as NAME.json and its chart as NAME.png
-// and NAME.svg.
-func writeReport(dir, name string, rep any, chart func(format string) ([]byte, error)) ([]string, error) {
-	var files []string
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	p := filepath.Join(dir, name+".json")
-	files = append(files, p)
-	if err := os.WriteFile(p, append(js, '\n'), 0o644); err != nil {
-		return files, err
-	}
-	for _, format := range []string{"png", "svg"} {
-		b, err := chart(format)
-		if err != nil {
-			return files, fmt.Errorf("chart: %w", err)
-		}
-		p := filepath.Join(dir, name+"."+format)
-		files = append(files, p)
-		if err := os.WriteFile(p, b, 0o644); err != nil {
-			return files, err
-		}
-	}
-	return files, nil
-}
-
 func labDropCmd(g *globals) *cobra.Command {
 	var (
 		quick            bool
@@ -264,7 +383,7 @@ to --out and prints a table with the study's numbers beside the run's.`,
 			return runLab(g, "drop", out, func(dir string, progress func(string)) (*lab.Report, error) {
 				opts.Dir, opts.Progress = dir, progress
 				return lab.Drop(cmd.Context(), opts)
-			}, writeLabFiles)
+			}, writeDropFiles)
 		},
 	}
 	fl := c.Flags()
@@ -281,38 +400,4 @@ to --out and prints a table with the study's numbers beside the run's.`,
 	fl.StringVar(&src4, "src4", lab.DefaultSrc4.String(), "range the IPv4 flood's sources are drawn from")
 	fl.StringVar(&src6, "src6", lab.DefaultSrc6.String(), "range the IPv6 flood's sources are drawn from (one /64 each)")
 	return c
-}
-
-// writeLabFiles writes the report as JSON, CSV and the charts.
-func writeLabFiles(rep *lab.Report, dir string) ([]string, error) {
-	var files []string
-	write := func(name string, data []byte) error {
-		p := filepath.Join(dir, name)
-		files = append(files, p)
-		return os.WriteFile(p, data, 0o644)
-	}
-	js, err := json.MarshalIndent(rep, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	var csvb bytes.Buffer
-	if err := rep.WriteCSV(&csvb); err != nil {
-		return nil, err
-	}
-	if err := write("drop.json", append(js, '\n')); err != nil {
-		return nil, err
-	}
-	if err := write("drop.csv", csvb.Bytes()); err != nil {
-		return nil, err
-	}
-	for _, format := range []string{"png", "svg"} {
-		b, err := rep.Chart(format)
-		if err != nil {
-			return nil, fmt.Errorf("chart: %w", err)
-		}
-		if err := write("drop."+format, b); err != nil {
-			return nil, err
-		}
-	}
-	return files, nil
 }

@@ -282,3 +282,53 @@ func TestLabFlood(t *testing.T) {
 	}
 	assertUnchanged(t, before)
 }
+
+// TestLabEgress runs `lab egress` on two small sizes and three methods:
+// every metric measured for each, the filters seen to drop a listed
+// destination (a row whose check fails is failed), the files, and nothing
+// left behind.
+func TestLabEgress(t *testing.T) {
+	testutil.Privileged(t)
+	before := hostState(t)
+	out := t.TempDir()
+	var rep struct {
+		Environment map[string]any `json:"environment"`
+		Results     []struct {
+			Method string   `json:"method"`
+			Size   int      `json:"size"`
+			Metric string   `json:"metric"`
+			Value  *float64 `json:"value"`
+			Min    *float64 `json:"min"`
+			Max    *float64 `json:"max"`
+			Status string   `json:"status"`
+			Reason string   `json:"reason"`
+		} `json:"results"`
+		Checks []map[string]any `json:"checks"`
+	}
+	jsonOf(t, &rep, "lab", "egress", "--sizes", "10,1000", "--methods", "none,ipset,rampart", "--rounds", "1",
+		"--window", "500ms", "--out", out)
+	if len(rep.Results) != 5*3*2 {
+		t.Fatalf("want 30 results, got %d: %+v", len(rep.Results), rep.Results)
+	}
+	for _, r := range rep.Results {
+		if r.Value == nil || r.Min == nil || r.Max == nil {
+			t.Fatalf("result lacks a field: %+v", r)
+		}
+		if r.Status != "ok" {
+			t.Errorf("%s, %d prefixes, %s: %s (%s)", r.Method, r.Size, r.Metric, r.Status, r.Reason)
+		}
+		positive := r.Metric != "setup_seconds" || r.Method != "none"
+		if positive && *r.Value <= 0 {
+			t.Errorf("%s, %d prefixes, %s: %v", r.Method, r.Size, r.Metric, *r.Value)
+		}
+	}
+	if len(rep.Checks) == 0 || rep.Environment["kernel"] == "" {
+		t.Errorf("no checks or environment: %+v %+v", rep.Checks, rep.Environment)
+	}
+	for _, f := range []string{"egress.json", "egress.csv", "egress-udp_mpps.png", "egress-tcp_gbps.svg"} {
+		if st, err := os.Stat(filepath.Join(out, f)); err != nil || st.Size() == 0 {
+			t.Errorf("%s: %v", f, err)
+		}
+	}
+	assertUnchanged(t, before)
+}

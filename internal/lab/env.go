@@ -3,6 +3,7 @@ package lab
 import (
 	"bufio"
 	"os"
+	"runtime"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -31,4 +32,15 @@ func cpuModel() string {
 		}
 	}
 	return "unknown"
+}
+
+// Host is the machine every study's numbers depend on.
+type Host struct {
+	Kernel   string `json:"kernel"`
+	CPUModel string `json:"cpu_model"`
+	CPUs     int    `json:"cpus"`
+}
+
+func thisHost() Host {
+	return Host{Kernel: kernelRelease(), CPUModel: cpuModel(), CPUs: runtime.NumCPU()}
 }

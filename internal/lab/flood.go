@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -157,9 +156,7 @@ type FloodResult struct {
 
 // FloodEnv is what the numbers depend on.
 type FloodEnv struct {
-	Kernel       string `json:"kernel"`
-	CPUModel     string `json:"cpu_model"`
-	CPUs         int    `json:"cpus"`
+	Host
 	GeneratorCPU int    `json:"generator_cpu"`
 	ReceiveCPU   int    `json:"receive_cpu"`
 	Warmup       string `json:"warmup"`
@@ -241,7 +238,7 @@ func Flood(ctx context.Context, o FloodOptions) (*FloodReport, error) {
 	}
 	cpu := cpus()
 	rep := &FloodReport{Env: FloodEnv{
-		Kernel: kernelRelease(), CPUModel: cpuModel(), CPUs: runtime.NumCPU(), GeneratorCPU: cpu.gen, ReceiveCPU: cpu.rx,
+		Host: thisHost(), GeneratorCPU: cpu.gen, ReceiveCPU: cpu.rx,
 		Warmup: o.Warmup.String(), Window: o.Window.String(), TCPRate: o.TCPRate, UDPRate: o.UDPRate,
 		Clients: clientCount, Timeout: legitTimeout.String(), Sources: o.Sources, Iptables: iptablesFor(4),
 	}}

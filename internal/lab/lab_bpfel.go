@@ -36,6 +36,7 @@ const (
 	labProgLabSink      = "lab_sink"
 	labProgLabSockDrop  = "lab_sock_drop"
 	labProgLabTcDrop    = "lab_tc_drop"
+	labProgLabTcLpmDst  = "lab_tc_lpm_dst"
 	labProgLabXdpDrop   = "lab_xdp_drop"
 	labProgLabXdpLpm    = "lab_xdp_lpm"
 	labVarClient4Prefix = "client4_prefix"
@@ -101,6 +102,7 @@ type labProgramSpecs struct {
 	LabSink     *ebpf.ProgramSpec `ebpf:"lab_sink"`
 	LabSockDrop *ebpf.ProgramSpec `ebpf:"lab_sock_drop"`
 	LabTcDrop   *ebpf.ProgramSpec `ebpf:"lab_tc_drop"`
+	LabTcLpmDst *ebpf.ProgramSpec `ebpf:"lab_tc_lpm_dst"`
 	LabXdpDrop  *ebpf.ProgramSpec `ebpf:"lab_xdp_drop"`
 	LabXdpLpm   *ebpf.ProgramSpec `ebpf:"lab_xdp_lpm"`
 }
@@ -197,6 +199,7 @@ type labPrograms struct {
 	LabSink     *ebpf.Program `ebpf:"lab_sink"`
 	LabSockDrop *ebpf.Program `ebpf:"lab_sock_drop"`
 	LabTcDrop   *ebpf.Program `ebpf:"lab_tc_drop"`
+	LabTcLpmDst *ebpf.Program `ebpf:"lab_tc_lpm_dst"`
 	LabXdpDrop  *ebpf.Program `ebpf:"lab_xdp_drop"`
 	LabXdpLpm   *ebpf.Program `ebpf:"lab_xdp_lpm"`
 }
@@ -207,6 +210,7 @@ func (p *labPrograms) Close() error {
 		p.LabSink,
 		p.LabSockDrop,
 		p.LabTcDrop,
+		p.LabTcLpmDst,
 		p.LabXdpDrop,
 		p.LabXdpLpm,
 	)

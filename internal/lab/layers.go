@@ -78,6 +78,7 @@ var Layers = []layer{
 var packages = map[string]string{
 	"iptables": "iptables", "ip6tables": "iptables", "iptables-legacy": "iptables", "ip6tables-legacy": "iptables",
 	"nft": "nftables", "tc": "iproute2", "ip": "iproute2", "ethtool": "ethtool", "ipset": "ipset",
+	"iperf3": "iperf3", "ping": "iputils-ping", "taskset": "util-linux", "sysctl": "procps",
 	"xdp-filter": "xdp-tools", "nsenter": "util-linux",
 }
 

@@ -1,0 +1,440 @@
+package lab
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// measureEgress runs one method at one size once: a fresh topology, the
+// filter set up (timed), a check that it drops a listed destination, then
+// UDP at saturation, one TCP connection and ping; everything torn down
+// after.
+func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size int, file string, seq int, cpu cpuPlan) (map[string]float64, error) {
+	if missing := missingTool(m.tools); missing != "" {
+		return nil, skipError{missing}
+	}
+	topo, err := newTopology(seq, cpu.rx)
+	if err != nil {
+		return nil, fmt.Errorf("topology: %w", err)
+	}
+	defer topo.close()
+	for _, step := range [][]string{
+		{"ip", "-n", topo.rxNs, "route", "add", "local", servedNet.String(), "dev", "lo"},
+		{"ip", "-n", topo.genNs, "route", "add", servedNet.String(), "via", rxAddr4.String()},
+		{"ip", "-n", topo.genNs, "neigh", "replace", rxAddr4.String(), "lladdr", topo.rxMAC.String(), "dev", topo.genIf, "nud", "permanent"},
+	} {
+		if err := run(step...); err != nil {
+			return nil, err
+		}
+	}
+	list, err := readPrefixes(file)
+	if err != nil {
+		return nil, err
+	}
+	r := &egressRow{topo: topo, list: list, file: file, dir: o.Dir, ipt: iptablesFor(4)}
+	s := map[string]float64{}
+	start := time.Now()
+	err = m.setup(r)
+	s[MetricSetup] = time.Since(start).Seconds()
+	if r.objs != nil {
+		defer r.objs.Close()
+	}
+	if m.name == "rampart" {
+		defer r.detachRampart() // its state goes with the row; the namespace takes the link
+	}
+	if err != nil {
+		var skip skipError
+		if errors.As(err, &skip) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("set up %s: %w", m.name, err)
+	}
+	if s[MetricSetup] > o.Budget.Seconds() {
+		return nil, skipError{fmt.Sprintf("set-up took %.0f s, over the %v budget", s[MetricSetup], o.Budget)}
+	}
+	if err := topo.pinNAPI(); err != nil {
+		return nil, err
+	}
+	if err := r.checkFilter(m.name == "none"); err != nil {
+		return nil, err
+	}
+	if s[MetricUDP], err = r.udpRate(ctx, o, cpu.gen); err != nil {
+		return nil, fmt.Errorf("UDP: %w", err)
+	}
+	if s[MetricTCP], err = r.tcpRate(o, cpu); err != nil {
+		return nil, fmt.Errorf("TCP: %w", err)
+	}
+	if s[MetricPingAvg], s[MetricPingP99], err = r.ping(o); err != nil {
+		return nil, fmt.Errorf("ping: %w", err)
+	}
+	return s, nil
+}
+
+// destinations draws the traffic's destinations: many addresses of
+// trafficNet, none listed (lookups walk the structure as real traffic
+// does), or the study's one.
+func destinations(o EgressOptions) []netip.Addr {
+	if o.Destinations == "one" {
+		return []netip.Addr{trafficNet.Addr().Next()}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([]netip.Addr, 4096)
+	base := binary.BigEndian.Uint32(trafficNet.Addr().AsSlice())
+	for i := range out {
+		var a [4]byte
+		binary.BigEndian.PutUint32(a[:], base|rng.Uint32()&0xffff)
+		out[i] = netip.AddrFrom4(a)
+	}
+	return out
+}
+
+// checkFilter sends datagrams to a listed destination the server answers
+// for: with a filter none may arrive; without, they must (else the check
+// proves nothing).
+func (r *egressRow) checkFilter(unfiltered bool) error {
+	var got int
+	err := datapath.InNetns(r.topo.rxNs, func() error {
+		c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: probePort})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := datapath.InNetns(r.topo.genNs, func() error {
+			s, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(probeAddr, probePort)))
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			for range 20 {
+				s.Write([]byte("probe")) // a filter's drop may be reported as an error: that is the point
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		got = countUDP(c, 200*time.Millisecond)
+		return nil
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("filter check: %w", err)
+	case unfiltered && got == 0:
+		return fmt.Errorf("filter check: no probe reached the server without a filter")
+	case !unfiltered && got > 0:
+		return fmt.Errorf("filter check: %d of 20 datagrams to the listed %s got through", got, probeAddr)
+	}
+	return nil
+}
+
+func countUDP(c *net.UDPConn, idle time.Duration) int {
+	buf := make([]byte, 64)
+	n := 0
+	for {
+		c.SetReadDeadline(time.Now().Add(idle))
+		if _, err := c.Read(buf); err != nil {
+			return n
+		}
+		n++
+	}
+}
+
+// udpRate sends UDP as fast as one client CPU can, spread over the
+// destinations with sendmmsg, and returns the Mpps the server's interface
+// received: what left the client through its filter.
+func (r *egressRow) udpRate(ctx context.Context, o EgressOptions, clientCPU int) (float64, error) {
+	iface, err := rxCounter(r.topo)
+	if err != nil {
+		return 0, err
+	}
+	defer iface.close()
+	var addrs []net.Addr
+	for _, d := range destinations(o) {
+		addrs = append(addrs, net.UDPAddrFromAddrPort(netip.AddrPortFrom(d, udpSinkPort)))
+	}
+	msgs := make([]ipv4.Message, 64)
+	payload := make([]byte, 18) // the minimum frame, as the study's UDP test
+	var before, after uint64
+	var dt time.Duration
+	done := make(chan error, 1)
+	go func() {
+		done <- datapath.InNetns(r.topo.genNs, func() error {
+			if err := pinThread(0, clientCPU); err != nil {
+				return err
+			}
+			c, err := net.ListenUDP("udp4", nil)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			pc := ipv4.NewPacketConn(c)
+			for i := range msgs {
+				msgs[i].Buffers = [][]byte{payload}
+			}
+			send := func(until time.Time) {
+				for n := 0; time.Now().Before(until) && ctx.Err() == nil; n++ {
+					for i := range msgs {
+						msgs[i].Addr = addrs[(n*len(msgs)+i)%len(addrs)]
+					}
+					pc.WriteBatch(msgs, 0) // a full queue refuses some: the rate is what arrived
+				}
+			}
+			send(time.Now().Add(o.Window / 4)) // warm-up
+			before, err = iface.rxPackets()
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			send(start.Add(o.Window))
+			after, err = iface.rxPackets()
+			dt = time.Since(start)
+			return err
+		})
+	}()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	return float64(after-before) / dt.Seconds() / 1e6, nil
+}
+
+// tcpRate is one TCP connection's throughput, iperf3 against iperf3, the
+// client on the client's CPU and the server on the server's.
+func (r *egressRow) tcpRate(o EgressOptions, cpu cpuPlan) (float64, error) {
+	srv := exec.Command("ip", "netns", "exec", r.topo.rxNs, "taskset", "-c", strconv.Itoa(cpu.rx), "iperf3", "-s", "-1", "-p", strconv.Itoa(iperfPort))
+	if err := srv.Start(); err != nil {
+		return 0, err
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	dst := trafficNet.Addr().Next().String()
+	secs := strconv.FormatFloat(max(1, o.Window.Seconds()), 'f', 0, 64)
+	for try := 0; ; try++ { // until the server listens
+		// iperf3 -J reports its errors in the JSON, with a non-zero exit.
+		out, _ := exec.Command("ip", "netns", "exec", r.topo.genNs, "taskset", "-c", strconv.Itoa(cpu.gen), "iperf3", "-c", dst,
+			"-p", strconv.Itoa(iperfPort), "-t", secs, "-J").Output()
+		gbps, err := parseIperf(out)
+		if err == nil || try == 50 || !strings.Contains(err.Error(), "refused") {
+			return gbps, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// parseIperf reads the received rate, in Gbit/s, from iperf3 -J.
+func parseIperf(out []byte) (float64, error) {
+	var res struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return 0, fmt.Errorf("iperf3 -J: %w", err)
+	}
+	if res.Error != "" {
+		return 0, errors.New("iperf3: " + res.Error)
+	}
+	return res.End.SumReceived.BitsPerSecond / 1e9, nil
+}
+
+var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)
+
+// ping sends pingCount echo requests 1 ms apart to a destination of the
+// traffic's range and returns the mean and the 99th percentile RTT in µs.
+func (r *egressRow) ping(o EgressOptions) (avg, p99 float64, err error) {
+	dst := destinations(o)[0].String()
+	out, err := output("ip", "netns", "exec", r.topo.genNs, "ping", "-n", "-i", "0.001", "-c", strconv.Itoa(pingCount), "-W", "1", dst)
+	if err != nil {
+		return 0, 0, err
+	}
+	return parsePing(out)
+}
+
+// parsePing reads every reply's time from ping's output.
+func parsePing(out []byte) (avg, p99 float64, err error) {
+	var rtts []float64
+	for _, m := range pingTime.FindAllSubmatch(out, -1) {
+		v, err := strconv.ParseFloat(string(m[1]), 64)
+		if err != nil {
+			return 0, 0, err
+		}
+		rtts = append(rtts, v*1000)
+	}
+	if len(rtts) == 0 {
+		return 0, 0, errors.New("no replies")
+	}
+	var sum float64
+	for _, v := range rtts {
+		sum += v
+	}
+	slices.Sort(rtts)
+	return sum / float64(len(rtts)), percentile(rtts, 0.99), nil
+}
+
+func readPrefixes(file string) ([]netip.Prefix, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Prefix
+	for _, l := range strings.Fields(string(b)) {
+		p, err := netip.ParsePrefix(l)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// setupEgressIptables is the study's first method: one OUTPUT rule per
+// prefix, loaded with iptables-restore.
+func setupEgressIptables(r *egressRow) error {
+	var b strings.Builder
+	b.WriteString("*filter\n:OUTPUT ACCEPT [0:0]\n")
+	for _, p := range r.list {
+		fmt.Fprintf(&b, "-A OUTPUT -d %s -j DROP\n", p)
+	}
+	b.WriteString("COMMIT\n")
+	return r.restore(b.String(), r.ipt+"-restore", "-w", "--noflush")
+}
+
+// setupEgressIpset: a hash:net set and one OUTPUT rule.
+func setupEgressIpset(r *egressRow) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "create %s hash:net family inet hashsize %d maxelem %d\n", labSet, max(1024, len(r.list)/2), max(65536, len(r.list)))
+	for _, p := range r.list {
+		fmt.Fprintf(&b, "add %s %s\n", labSet, p)
+	}
+	if err := r.restore(b.String(), "ipset", "restore", "-exist"); err != nil {
+		return err
+	}
+	return r.inClient(r.ipt, "-w", "-A", "OUTPUT", "-m", "set", "--match-set", labSet, "dst", "-j", "DROP")
+}
+
+// setupEgressNft: what a user of nftables writes today, an interval set
+// (auto-merge: the list's prefixes overlap) and one output rule.
+func setupEgressNft(r *egressRow) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table ip %s {\n\tset deny { type ipv4_addr; flags interval; auto-merge; }\n", nftTable)
+	b.WriteString("\tchain out {\n\t\ttype filter hook output priority 0; policy accept;\n\t\tip daddr @deny counter drop\n\t}\n}\n")
+	for i := 0; i < len(r.list); i += 50_000 {
+		fmt.Fprintf(&b, "add element ip %s deny { ", nftTable)
+		for j, p := range r.list[i:min(len(r.list), i+50_000)] {
+			if j > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(p.String())
+		}
+		b.WriteString(" }\n")
+	}
+	return r.restore(b.String(), "nft", "-f", "-")
+}
+
+// setupEgressTCLPM is the study's eBPF filter: a clsact qdisc on the
+// client's interface and a cls_bpf program over the kernel's LPM trie at
+// egress, the trie filled one update per prefix.
+func setupEgressTCLPM(r *egressRow) error {
+	spec, err := loadLab()
+	if err != nil {
+		return err
+	}
+	spec.Maps[labMapLabLpmV4].MaxEntries = uint32(max(1, len(r.list)))
+	r.objs = &labObjects{}
+	if err := spec.LoadAndAssign(r.objs, nil); err != nil {
+		r.objs = nil
+		return fmt.Errorf("load lab programs: %w", err)
+	}
+	for i, p := range r.list {
+		if err := r.objs.LabLpmV4.Put(labLabLpmV4Key{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}, uint8(1)); err != nil {
+			return fmt.Errorf("LPM trie, prefix %d: %w", i, err)
+		}
+	}
+	return datapath.InNetns(r.topo.genNs, func() error {
+		q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: r.topo.genIndex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
+		if err := netlink.QdiscAdd(q); err != nil {
+			return fmt.Errorf("add clsact: %w", err)
+		}
+		f := &netlink.BpfFilter{
+			FilterAttrs:  netlink.FilterAttrs{LinkIndex: r.topo.genIndex, Parent: netlink.HANDLE_MIN_EGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1},
+			Fd:           r.objs.LabTcLpmDst.FD(),
+			Name:         "lab_tc_lpm_dst",
+			DirectAction: true,
+		}
+		if err := netlink.FilterAdd(f); err != nil {
+			return fmt.Errorf("add cls_bpf filter: %w", err)
+		}
+		return nil
+	})
+}
+
+const egressPolicy = `lists:
+  deny: {files: [%s], family: 4}
+rules:
+  - {name: deny, dst: deny, action: drop}
+default: pass
+`
+
+// setupEgressRampart applies a policy with the list through the engine, at
+// the client's egress, as `rampart apply --egress` does.
+func setupEgressRampart(r *egressRow) error {
+	file := filepath.Join(r.dir, fmt.Sprintf("egress-%d.yaml", len(r.list)))
+	if err := os.WriteFile(file, []byte(fmt.Sprintf(egressPolicy, r.file)), 0o644); err != nil {
+		return err
+	}
+	fw, err := r.firewall()
+	if err != nil {
+		return err
+	}
+	pol, err := policy.Load(file, policy.Options{})
+	if err != nil {
+		return err
+	}
+	if _, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: []string{r.topo.genIf}, Egress: true}); err != nil {
+		return fmt.Errorf("rampart apply --egress: %w", err)
+	}
+	return nil
+}
+
+func (r *egressRow) firewall() (*engine.Firewall, error) {
+	return engine.New(engine.Options{PinRoot: PinRoot(), StateRoot: filepath.Join(r.dir, "rampart-state"), Netns: r.topo.genNs})
+}
+
+// detachRampart removes the row's hook, so that its state goes with it.
+func (r *egressRow) detachRampart() error {
+	fw, err := r.firewall()
+	if err != nil {
+		return err
+	}
+	if _, err := fw.Detach([]string{r.topo.genIf}); err != nil {
+		return fmt.Errorf("rampart detach: %w", err)
+	}
+	return nil
+}
+
+// restore feeds a script to a command in the client's namespace.
+func (r *egressRow) restore(script string, args ...string) error {
+	return (&row{topo: &topology{rxNs: r.topo.genNs}}).restore(script, args...)
+}
