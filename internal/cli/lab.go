@@ -183,7 +183,7 @@ pins are removed after each row, also on Ctrl-C.`,
 		},
 	}
 	fl := c.Flags()
-	fl.BoolVar(&quick, "quick", false, "sizes 10, 10k and 1M, 2 rounds, 1 s windows")
+	fl.BoolVar(&quick, "quick", false, "sizes 10, 10k and 1M, 2 rounds, 500 ms windows")
 	fl.BoolVar(&large, "large", false, "add 10M and 50M prefixes")
 	fl.StringSliceVar(&methods, "methods", nil, "methods to run, comma-separated (default all): "+strings.Join(lab.EgressMethodNames(), ","))
 	fl.StringVar(&sizes, "sizes", "10,100,1000,10000,100000,1000000", "list sizes, comma-separated")

@@ -307,8 +307,8 @@ func TestLabEgress(t *testing.T) {
 	}
 	jsonOf(t, &rep, "lab", "egress", "--sizes", "10,1000", "--methods", "none,ipset,rampart", "--rounds", "1",
 		"--window", "500ms", "--out", out)
-	if len(rep.Results) != 5*3*2 {
-		t.Fatalf("want 30 results, got %d: %+v", len(rep.Results), rep.Results)
+	if len(rep.Results) != 6*3*2 {
+		t.Fatalf("want 36 results, got %d: %+v", len(rep.Results), rep.Results)
 	}
 	for _, r := range rep.Results {
 		if r.Value == nil || r.Min == nil || r.Max == nil {

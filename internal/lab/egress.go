@@ -16,15 +16,16 @@ import (
 
 // The egress study's metrics.
 const (
-	MetricSetup   = "setup_seconds" // list file to filter live
-	MetricUDP     = "udp_mpps"      // UDP at saturation, packets that left the client
-	MetricTCP     = "tcp_gbps"      // one TCP connection (iperf3)
-	MetricPingAvg = "ping_avg_us"   // ping -i 0.001 -c 1000
+	MetricSetup   = "setup_seconds"  // list file to filter live
+	MetricUDP     = "udp_mpps"       // UDP at saturation, packets that left the client
+	MetricTCP     = "tcp_gbps"       // one TCP connection (iperf3)
+	MetricCPU     = "cpu_1g_percent" // the client CPU's busy share sending UDP at 1 Gbit/s
+	MetricPingAvg = "ping_avg_us"    // ping -i 0.001 -c 1000
 	MetricPingP99 = "ping_p99_us"
 )
 
 // EgressMetrics in report order.
-var EgressMetrics = []string{MetricSetup, MetricUDP, MetricTCP, MetricPingAvg, MetricPingP99}
+var EgressMetrics = []string{MetricSetup, MetricUDP, MetricTCP, MetricCPU, MetricPingAvg, MetricPingP99}
 
 // EgressOptions configure `rampart lab egress`.
 type EgressOptions struct {
@@ -41,7 +42,7 @@ type EgressOptions struct {
 // Defaults for a full run and for --quick; --large adds 10M and 50M.
 var (
 	EgressFull  = EgressOptions{Sizes: []int{10, 100, 1000, 10_000, 100_000, 1_000_000}, Rounds: 5, Window: 2 * time.Second, Destinations: "many", Budget: 5 * time.Minute}
-	EgressQuick = EgressOptions{Sizes: []int{10, 10_000, 1_000_000}, Rounds: 2, Window: time.Second, Destinations: "many", Budget: time.Minute}
+	EgressQuick = EgressOptions{Sizes: []int{10, 10_000, 1_000_000}, Rounds: 2, Window: 500 * time.Millisecond, Destinations: "many", Budget: time.Minute}
 	EgressLarge = []int{10_000_000, 50_000_000}
 )
 

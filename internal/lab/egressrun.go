@@ -80,14 +80,26 @@ func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size in
 	if err := r.checkFilter(m.name == "none"); err != nil {
 		return nil, err
 	}
-	if s[MetricUDP], err = r.udpRate(ctx, o, cpu.gen); err != nil {
-		return nil, fmt.Errorf("UDP: %w", err)
-	}
 	if s[MetricTCP], err = r.tcpRate(o, cpu); err != nil {
 		return nil, fmt.Errorf("TCP: %w", err)
 	}
 	if s[MetricPingAvg], s[MetricPingP99], err = r.ping(o); err != nil {
 		return nil, fmt.Errorf("ping: %w", err)
+	}
+	// A veth hands a TSO sender's packets to its peer by the sending
+	// CPU's backlog, which would put the server's receive work on the
+	// client's CPU; without TSO they go by the peer's NAPI, on the
+	// server's. TCP and ping were measured with TSO, as the study's NICs
+	// had it (ping by the backlog: the NAPI thread's wake-ups are noise at
+	// its scale).
+	if err := r.inClient("ethtool", "-K", r.topo.genIf, "tso", "off"); err != nil {
+		return nil, err
+	}
+	if s[MetricUDP], err = r.udpRate(ctx, o, cpu.gen); err != nil {
+		return nil, fmt.Errorf("UDP: %w", err)
+	}
+	if s[MetricCPU], err = r.cpuAtRate(ctx, o, cpu.gen); err != nil {
+		return nil, fmt.Errorf("UDP at 1 Gbit/s: %w", err)
 	}
 	return s, nil
 }
@@ -162,21 +174,64 @@ func countUDP(c *net.UDPConn, idle time.Duration) int {
 
 // udpRate sends UDP as fast as one client CPU can, spread over the
 // destinations with sendmmsg, and returns the Mpps the server's interface
-// received: what left the client through its filter.
+// received: what left the client through its filter. 18-byte payloads: the
+// minimum frame, as the study's UDP test.
 func (r *egressRow) udpRate(ctx context.Context, o EgressOptions, clientCPU int) (float64, error) {
 	iface, err := rxCounter(r.topo)
 	if err != nil {
 		return 0, err
 	}
 	defer iface.close()
+	var before, after uint64
+	var start time.Time
+	var dt time.Duration
+	err = r.sendUDP(ctx, o, clientCPU, 18, 0, func(window bool) error {
+		var err error
+		if window {
+			before, err = iface.rxPackets()
+			start = time.Now()
+		} else {
+			after, err = iface.rxPackets()
+			dt = time.Since(start)
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / dt.Seconds() / 1e6, nil
+}
+
+// cpuAtRate sends 1 Gbit/s of UDP (1,400-byte payloads) and returns how
+// busy the client's CPU was, in percent: what filtering a fixed load costs.
+func (r *egressRow) cpuAtRate(ctx context.Context, o EgressOptions, clientCPU int) (float64, error) {
+	var before, after cpuTimes
+	err := r.sendUDP(ctx, o, clientCPU, 1400, 1e9, func(window bool) error {
+		var err error
+		if window {
+			before, err = readCPU(clientCPU)
+		} else {
+			after, err = readCPU(clientCPU)
+		}
+		return err
+	})
+	return 100 * after.busySince(before), err
+}
+
+// sendUDP sends from a thread in the client's namespace pinned to its CPU,
+// in sendmmsg batches of 64 spread over the destinations, at bitsPerSec
+// (0: as fast as it can): a quarter window to warm up, then mark(true), a
+// window, mark(false).
+func (r *egressRow) sendUDP(ctx context.Context, o EgressOptions, clientCPU, size int, bitsPerSec float64, mark func(window bool) error) error {
 	var addrs []net.Addr
 	for _, d := range destinations(o) {
 		addrs = append(addrs, net.UDPAddrFromAddrPort(netip.AddrPortFrom(d, udpSinkPort)))
 	}
 	msgs := make([]ipv4.Message, 64)
-	payload := make([]byte, 18) // the minimum frame, as the study's UDP test
-	var before, after uint64
-	var dt time.Duration
+	payload := make([]byte, size)
+	for i := range msgs {
+		msgs[i].Buffers = [][]byte{payload}
+	}
 	done := make(chan error, 1)
 	go func() {
 		done <- datapath.InNetns(r.topo.genNs, func() error {
@@ -189,33 +244,28 @@ func (r *egressRow) udpRate(ctx context.Context, o EgressOptions, clientCPU int)
 			}
 			defer c.Close()
 			pc := ipv4.NewPacketConn(c)
-			for i := range msgs {
-				msgs[i].Buffers = [][]byte{payload}
-			}
-			send := func(until time.Time) {
-				for n := 0; time.Now().Before(until) && ctx.Err() == nil; n++ {
+			send := func(d time.Duration) {
+				start := time.Now()
+				for n := 0; time.Since(start) < d && ctx.Err() == nil; n++ {
 					for i := range msgs {
 						msgs[i].Addr = addrs[(n*len(msgs)+i)%len(addrs)]
 					}
-					pc.WriteBatch(msgs, 0) // a full queue refuses some: the rate is what arrived
+					pc.WriteBatch(msgs, 0) // a full queue refuses some: what arrives is counted
+					if bitsPerSec > 0 {    // paced: wait for the schedule of what was sent
+						due := time.Duration(float64((n+1)*len(msgs)*size*8) / bitsPerSec * 1e9)
+						time.Sleep(due - time.Since(start))
+					}
 				}
 			}
-			send(time.Now().Add(o.Window / 4)) // warm-up
-			before, err = iface.rxPackets()
-			if err != nil {
+			send(o.Window / 4)
+			if err := mark(true); err != nil {
 				return err
 			}
-			start := time.Now()
-			send(start.Add(o.Window))
-			after, err = iface.rxPackets()
-			dt = time.Since(start)
-			return err
+			send(o.Window)
+			return mark(false)
 		})
 	}()
-	if err := <-done; err != nil {
-		return 0, err
-	}
-	return float64(after-before) / dt.Seconds() / 1e6, nil
+	return <-done
 }
 
 // tcpRate is one TCP connection's throughput, iperf3 against iperf3, the
