@@ -62,6 +62,9 @@ func (r *EgressReport) finish() {
 		if v, ok := ratio("rampart", MetricUDP, size); ok {
 			r.Checks = append(r.Checks, Check{fmt.Sprintf("rampart UDP rate / none's, %d prefixes", size), 4, v, ">= 0.95", v >= 0.95})
 		}
+		if v, ok := ratio("rampart", MetricCPU, size); ok {
+			r.Checks = append(r.Checks, Check{fmt.Sprintf("rampart CPU at 1 Gbit/s / none's, %d prefixes", size), 4, v, "<= 1.05", v <= 1.05})
+		}
 		if v, ok := ratio("rampart", MetricPingAvg, size); ok {
 			r.Checks = append(r.Checks, Check{fmt.Sprintf("rampart ping / none's, %d prefixes", size), 4, v, "<= 1.05", v <= 1.05})
 		}
