@@ -187,10 +187,38 @@ func TestLabDropListPeers(t *testing.T) {
 // TestLabDropInterrupted: Ctrl-C while the rampart layer is applied still
 // removes its pins, the namespaces and everything else, and exits non-zero.
 func TestLabDropInterrupted(t *testing.T) {
+	interruptLab(t, rampartApplied, "lab", "drop", "--layers", "rampart", "--family", "4", "--list-size", "100000", "--warmup", "1m")
+}
+
+// TestLabFloodInterrupted: Ctrl-C during a row of `lab flood` (its
+// namespaces up, the flood's rows to come) leaves nothing behind.
+func TestLabFloodInterrupted(t *testing.T) {
+	interruptLab(t, labNamespaces, "lab", "flood", "--floods", "syn", "--defences", "rampart-syncookie", "--family", "4", "--warmup", "1m")
+}
+
+// TestLabEgressInterrupted: Ctrl-C with rampart applied at the client's
+// egress leaves nothing behind.
+func TestLabEgressInterrupted(t *testing.T) {
+	interruptLab(t, rampartApplied, "lab", "egress", "--methods", "rampart", "--sizes", "10", "--window", "1m")
+}
+
+func rampartApplied() bool {
+	m, _ := filepath.Glob(lab.PinRootPrefix + "*/netns-" + lab.NetnsPrefix + "*")
+	return len(m) > 0
+}
+
+func labNamespaces() bool {
+	m, _ := filepath.Glob("/run/netns/" + lab.NetnsPrefix + "*")
+	return len(m) > 0
+}
+
+// interruptLab runs a lab command, sends it SIGINT once ready says the run
+// is under way, and checks that it says so, fails, and leaves the host as
+// it found it.
+func interruptLab(t *testing.T, ready func() bool, args ...string) {
 	testutil.Privileged(t)
 	before := hostState(t)
-	cmd := exec.Command(os.Args[0], "lab", "drop", "--layers", "rampart", "--family", "4", "--list-size", "100000",
-		"--warmup", "1m", "--out", t.TempDir())
+	cmd := exec.Command(os.Args[0], append(args, "--out", t.TempDir())...)
 	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
@@ -198,13 +226,11 @@ func TestLabDropInterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if m, _ := filepath.Glob(lab.PinRootPrefix + "*/netns-" + lab.NetnsPrefix + "*"); len(m) > 0 {
-			break
-		}
+	for !ready() {
 		if time.Now().After(deadline) {
 			cmd.Process.Kill()
-			t.Fatalf("the rampart layer was never applied: %s", stderr.String())
+			cmd.Wait()
+			t.Fatalf("the run never got under way: %s", stderr.String())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -80,10 +80,10 @@ func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size in
 	if err := r.checkFilter(m.name == "none"); err != nil {
 		return nil, err
 	}
-	if s[MetricTCP], err = r.tcpRate(o, cpu); err != nil {
+	if s[MetricTCP], err = r.tcpRate(ctx, o, cpu); err != nil {
 		return nil, fmt.Errorf("TCP: %w", err)
 	}
-	if s[MetricPingAvg], s[MetricPingP99], err = r.ping(o); err != nil {
+	if s[MetricPingAvg], s[MetricPingP99], err = r.ping(ctx, o); err != nil {
 		return nil, fmt.Errorf("ping: %w", err)
 	}
 	// A veth hands a TSO sender's packets to its peer by the sending
@@ -270,8 +270,8 @@ func (r *egressRow) sendUDP(ctx context.Context, o EgressOptions, clientCPU, siz
 
 // tcpRate is one TCP connection's throughput, iperf3 against iperf3, the
 // client on the client's CPU and the server on the server's.
-func (r *egressRow) tcpRate(o EgressOptions, cpu cpuPlan) (float64, error) {
-	srv := exec.Command("ip", "netns", "exec", r.topo.rxNs, "taskset", "-c", strconv.Itoa(cpu.rx), "iperf3", "-s", "-1", "-p", strconv.Itoa(iperfPort))
+func (r *egressRow) tcpRate(ctx context.Context, o EgressOptions, cpu cpuPlan) (float64, error) {
+	srv := exec.CommandContext(ctx, "ip", "netns", "exec", r.topo.rxNs, "taskset", "-c", strconv.Itoa(cpu.rx), "iperf3", "-s", "-1", "-p", strconv.Itoa(iperfPort))
 	if err := srv.Start(); err != nil {
 		return 0, err
 	}
@@ -280,10 +280,10 @@ func (r *egressRow) tcpRate(o EgressOptions, cpu cpuPlan) (float64, error) {
 	secs := strconv.FormatFloat(max(1, o.Window.Seconds()), 'f', 0, 64)
 	for try := 0; ; try++ { // until the server listens
 		// iperf3 -J reports its errors in the JSON, with a non-zero exit.
-		out, _ := exec.Command("ip", "netns", "exec", r.topo.genNs, "taskset", "-c", strconv.Itoa(cpu.gen), "iperf3", "-c", dst,
+		out, _ := exec.CommandContext(ctx, "ip", "netns", "exec", r.topo.genNs, "taskset", "-c", strconv.Itoa(cpu.gen), "iperf3", "-c", dst,
 			"-p", strconv.Itoa(iperfPort), "-t", secs, "-J").Output()
 		gbps, err := parseIperf(out)
-		if err == nil || try == 50 || !strings.Contains(err.Error(), "refused") {
+		if err == nil || try == 50 || ctx.Err() != nil || !strings.Contains(err.Error(), "refused") {
 			return gbps, err
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -313,11 +313,11 @@ var pingTime = regexp.MustCompile(`time=([0-9.]+) ms`)
 
 // ping sends pingCount echo requests 1 ms apart to a destination of the
 // traffic's range and returns the mean and the 99th percentile RTT in µs.
-func (r *egressRow) ping(o EgressOptions) (avg, p99 float64, err error) {
+func (r *egressRow) ping(ctx context.Context, o EgressOptions) (avg, p99 float64, err error) {
 	dst := destinations(o)[0].String()
-	out, err := output("ip", "netns", "exec", r.topo.genNs, "ping", "-n", "-i", "0.001", "-c", strconv.Itoa(pingCount), "-W", "1", dst)
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", r.topo.genNs, "ping", "-n", "-i", "0.001", "-c", strconv.Itoa(pingCount), "-W", "1", dst).Output()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, fmt.Errorf("ping: %w", err)
 	}
 	return parsePing(out)
 }
