@@ -83,6 +83,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		benchCmd(g),
 		labCmd(g),
 		diagnoseCmd(g),
+		tuneCmd(g),
 	)
 	return root
 }

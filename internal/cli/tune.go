@@ -1,0 +1,84 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rampart-fw/rampart/internal/tune"
+)
+
+func tuneCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "tune tcp",
+		Short: "Size the host for its paths: TCP buffers from bandwidth and RTT",
+	}
+	c.AddCommand(tuneTCPCmd(g))
+	return c
+}
+
+func tuneTCPCmd(g *globals) *cobra.Command {
+	var (
+		bandwidth, root string
+		rtt             time.Duration
+		conns           int
+	)
+	c := &cobra.Command{
+		Use:   "tcp --rtt DURATION [--bandwidth RATE] [--conns N] [--root DIR]",
+		Short: "What rate the TCP settings allow on a path, and the buffers that fill it",
+		Long: `tcp reads the running kernel's TCP buffer settings and says what rate one
+connection can reach on a path of --rtt: a receive window (the share of
+tcp_rmem's max the kernel advertises: tcp_adv_win_scale before Linux 6.6,
+half the buffer from 6.6 until a connection measures its own overhead) or
+a send buffer (of which 0.7 carries data in flight) per round trip,
+whichever is smaller. With --bandwidth it gives the tcp_rmem, tcp_wmem,
+rmem_max, wmem_max and tcp_mem that fill the path for --conns connections
+at once, and findings with the commands that apply them. Nothing is
+changed.`,
+		Example: `  rampart tune tcp --rtt 146ms
+  rampart tune tcp --rtt 68ms --bandwidth 1Gbit --conns 4`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rtt <= 0 {
+				return errors.New("--rtt is required: the path's round-trip time, e.g. --rtt 146ms")
+			}
+			var rate float64
+			if bandwidth != "" {
+				var err error
+				if rate, err = tune.ParseRate(bandwidth); err != nil {
+					return fmt.Errorf("--bandwidth %w", err)
+				}
+			}
+			if conns < 1 {
+				return errors.New("--conns must be at least 1")
+			}
+			s, err := tune.ReadTCP(root)
+			if err != nil {
+				return fmt.Errorf("read the TCP settings: %w", err)
+			}
+			p := tune.PlanTCP(s, rate, rtt, conns)
+			if g.json {
+				return g.printJSON(p)
+			}
+			fmt.Fprintf(g.env.Stdout, "One connection on this %v path: %.1f MB/s, limited by the %s.\n\n", rtt, p.RateNow/1e6, p.RateLimitBy)
+			rows := [][]string{{"SYSCTL", "CURRENT", "RECOMMENDED"}}
+			for _, x := range p.Sysctls {
+				rows = append(rows, []string{x.Name, strings.ReplaceAll(x.Current, "\t", " "), strings.ReplaceAll(x.Recommended, "\t", " ")})
+			}
+			g.table(rows)
+			for _, f := range p.Findings {
+				fmt.Fprintf(g.env.Stdout, "\n%s: %s\n  fix: %s\n", f.ID, f.Evidence, f.Fix)
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.DurationVar(&rtt, "rtt", 0, "the path's round-trip time")
+	f.StringVar(&bandwidth, "bandwidth", "", "the path's bandwidth: 1Gbit, 100Mbit/s, 112MB/s")
+	f.IntVar(&conns, "conns", 1, "connections that fill the path at once (tcp_mem holds them all)")
+	f.StringVar(&root, "root", "/", "read proc/ under this directory instead of /")
+	return c
+}

@@ -1,0 +1,248 @@
+// Package tune sizes a host's TCP buffers from a path's bandwidth and RTT.
+package tune
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TCPSettings are the sysctls that bound what one TCP connection can have
+// in flight, as the running kernel has them.
+type TCPSettings struct {
+	Rmem, Wmem         [3]int64 // net.ipv4.tcp_rmem, tcp_wmem: min, default, max (bytes)
+	RmemMax, WmemMax   int64    // net.core.rmem_max, wmem_max: the ceiling of SO_RCVBUF/SO_SNDBUF
+	Mem                [3]int64 // net.ipv4.tcp_mem, in pages
+	AdvWinScale        int      // net.ipv4.tcp_adv_win_scale (unused from Linux 6.6)
+	WindowScaling      bool     // net.ipv4.tcp_window_scaling
+	SlowStartAfterIdle bool     // net.ipv4.tcp_slow_start_after_idle
+	Kernel             [2]int   // major, minor
+}
+
+// sendPayloadRatio is how much of a send buffer carries data in flight:
+// the rest is the overhead of the skbs that hold it, measured at 0.7 on a
+// long fat pipe (the field report this tool grew from).
+const sendPayloadRatio = 0.7
+
+// defaultScalingRatio is the share of a receive buffer the kernel
+// advertises as window from Linux 6.6 on (TCP_DEFAULT_SCALING_RATIO,
+// 128/256), before a connection measures its own payload to truesize
+// ratio; older kernels take it from tcp_adv_win_scale.
+const defaultScalingRatio = 0.5
+
+// ReadTCP reads the settings under root ("/", or a tree with proc/ under
+// it).
+func ReadTCP(root string) (TCPSettings, error) {
+	var s TCPSettings
+	read := func(name string) ([]int64, error) {
+		p := filepath.Join(root, "proc/sys", strings.ReplaceAll(name, ".", "/"))
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		var v []int64
+		for _, f := range strings.Fields(string(b)) {
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %q is not a number", p, f)
+			}
+			v = append(v, n)
+		}
+		return v, nil
+	}
+	three := func(name string, into *[3]int64) error {
+		v, err := read(name)
+		if err == nil && len(v) != 3 {
+			err = fmt.Errorf("%s: want 3 values, got %d", name, len(v))
+		}
+		if err == nil {
+			copy(into[:], v)
+		}
+		return err
+	}
+	one := func(name string) (int64, error) {
+		v, err := read(name)
+		if err == nil && len(v) != 1 {
+			err = fmt.Errorf("%s: want 1 value, got %d", name, len(v))
+		}
+		if err != nil {
+			return 0, err
+		}
+		return v[0], nil
+	}
+	for _, x := range []struct {
+		name string
+		into *[3]int64
+	}{{"net.ipv4.tcp_rmem", &s.Rmem}, {"net.ipv4.tcp_wmem", &s.Wmem}, {"net.ipv4.tcp_mem", &s.Mem}} {
+		if err := three(x.name, x.into); err != nil {
+			return s, err
+		}
+	}
+	var err error
+	if s.RmemMax, err = one("net.core.rmem_max"); err != nil {
+		return s, err
+	}
+	if s.WmemMax, err = one("net.core.wmem_max"); err != nil {
+		return s, err
+	}
+	scale, err := one("net.ipv4.tcp_adv_win_scale")
+	if err != nil {
+		return s, err
+	}
+	s.AdvWinScale = int(scale)
+	ws, err := one("net.ipv4.tcp_window_scaling")
+	if err != nil {
+		return s, err
+	}
+	ss, err := one("net.ipv4.tcp_slow_start_after_idle")
+	if err != nil {
+		return s, err
+	}
+	s.WindowScaling, s.SlowStartAfterIdle = ws != 0, ss != 0
+	rel, err := os.ReadFile(filepath.Join(root, "proc/sys/kernel/osrelease"))
+	if err != nil {
+		return s, err
+	}
+	if _, err := fmt.Sscanf(string(rel), "%d.%d", &s.Kernel[0], &s.Kernel[1]); err != nil {
+		return s, fmt.Errorf("kernel/osrelease %q: %w", strings.TrimSpace(string(rel)), err)
+	}
+	return s, nil
+}
+
+// scalingRatio is the share of receive-buffer space the kernel advertises
+// as window: tcp_win_from_space().
+func (s TCPSettings) scalingRatio() float64 {
+	if s.Kernel[0] > 6 || s.Kernel[0] == 6 && s.Kernel[1] >= 6 {
+		return defaultScalingRatio
+	}
+	if s.AdvWinScale <= 0 {
+		return math.Ldexp(1, s.AdvWinScale) // space >> -scale
+	}
+	return 1 - math.Ldexp(1, -s.AdvWinScale) // space - (space >> scale)
+}
+
+// maxWindow is the largest receive window autotuning reaches: the window
+// of tcp_rmem's max, and 64 KiB without window scaling.
+func (s TCPSettings) maxWindow() float64 {
+	w := float64(s.Rmem[2]) * s.scalingRatio()
+	if !s.WindowScaling {
+		w = min(w, 65535)
+	}
+	return min(w, 65535<<14)
+}
+
+// maxInFlight is the data one connection's send buffer keeps in flight.
+func (s TCPSettings) maxInFlight() float64 { return float64(s.Wmem[2]) * sendPayloadRatio }
+
+// RateNow is the rate, bytes per second, the settings allow one
+// connection on a path of rtt: a window per round trip, the smaller of the
+// receiver's and the sender's.
+func (s TCPSettings) RateNow(rtt time.Duration) (rate float64, limit string) {
+	rcv, snd := s.maxWindow(), s.maxInFlight()
+	if rcv <= snd {
+		return rcv / rtt.Seconds(), "receive window"
+	}
+	return snd / rtt.Seconds(), "send buffer"
+}
+
+// Buffers are the tcp_rmem and tcp_wmem maxima that fill a path of rate
+// (bytes per second) and rtt: the receiver advertises rate × rtt as
+// window, the sender keeps rate × rtt in flight.
+func (s TCPSettings) Buffers(rate float64, rtt time.Duration) (rmem, wmem int64) {
+	bdp := rate * rtt.Seconds()
+	return int64(math.Ceil(bdp / s.scalingRatio())), int64(math.Ceil(bdp / sendPayloadRatio))
+}
+
+// Sysctl is one setting: what it is and what the path needs.
+type Sysctl struct {
+	Name        string `json:"name"`
+	Current     string `json:"current"`
+	Recommended string `json:"recommended"`
+}
+
+// Finding is something the current settings do to the path.
+type Finding struct {
+	ID       string `json:"id"`
+	Evidence string `json:"evidence"`
+	Fix      string `json:"fix"`
+}
+
+// TCPPlan is what `tune tcp` reports for a path.
+type TCPPlan struct {
+	RTT         string    `json:"rtt"`
+	Bandwidth   float64   `json:"bandwidth_bytes_per_second,omitempty"`
+	RateNow     float64   `json:"rate_now_bytes_per_second"`
+	RateLimitBy string    `json:"rate_now_limited_by"`
+	Sysctls     []Sysctl  `json:"sysctls"`
+	Findings    []Finding `json:"findings"`
+}
+
+func triple(v [3]int64) string { return fmt.Sprintf("%d\t%d\t%d", v[0], v[1], v[2]) }
+
+// PlanTCP says what the settings allow one connection on a path of rtt
+// and, given its bandwidth (bytes per second, 0 if unknown), what fills it
+// for conns connections at once.
+func PlanTCP(s TCPSettings, bandwidth float64, rtt time.Duration, conns int) TCPPlan {
+	p := TCPPlan{RTT: rtt.String(), Bandwidth: bandwidth, Findings: []Finding{}}
+	p.RateNow, p.RateLimitBy = s.RateNow(rtt)
+	rmem, wmem := s.Rmem, s.Wmem
+	rmemMax, wmemMax, mem := s.RmemMax, s.WmemMax, s.Mem
+	if bandwidth > 0 {
+		r, w := s.Buffers(bandwidth, rtt)
+		rmem[2], wmem[2] = max(rmem[2], r), max(wmem[2], w)
+		rmemMax, wmemMax = max(rmemMax, rmem[2]), max(wmemMax, wmem[2])
+		// tcp_mem's pressure threshold holds conns full connections.
+		pages := (rmem[2] + wmem[2]) * int64(max(conns, 1)) / int64(os.Getpagesize())
+		if mem[1] < pages {
+			mem = [3]int64{mem[0], pages, pages + pages/2}
+		}
+		if p.RateNow < 0.95*bandwidth {
+			p.Findings = append(p.Findings, Finding{
+				ID:       "tcp-" + strings.ReplaceAll(p.RateLimitBy, " ", "-") + "-caps-rate",
+				Evidence: fmt.Sprintf("the %s caps one connection at %.1f MB/s on this %v path, %.0f%% of its %.1f MB/s", p.RateLimitBy, p.RateNow/1e6, rtt, 100*p.RateNow/bandwidth, bandwidth/1e6),
+				Fix:      fmt.Sprintf("sysctl -w net.ipv4.tcp_rmem='%s' net.ipv4.tcp_wmem='%s'", triple(rmem), triple(wmem)),
+			})
+		}
+	}
+	if s.SlowStartAfterIdle {
+		p.Findings = append(p.Findings, Finding{ID: "tcp-slow-start-after-idle",
+			Evidence: "net.ipv4.tcp_slow_start_after_idle is 1: a connection idle for an RTO starts over from the initial window",
+			Fix:      "sysctl -w net.ipv4.tcp_slow_start_after_idle=0"})
+	}
+	if !s.WindowScaling {
+		p.Findings = append(p.Findings, Finding{ID: "tcp-window-scaling-off",
+			Evidence: "net.ipv4.tcp_window_scaling is 0: no receive window exceeds 64 KiB",
+			Fix:      "sysctl -w net.ipv4.tcp_window_scaling=1"})
+	}
+	p.Sysctls = []Sysctl{
+		{"net.ipv4.tcp_rmem", triple(s.Rmem), triple(rmem)},
+		{"net.ipv4.tcp_wmem", triple(s.Wmem), triple(wmem)},
+		{"net.core.rmem_max", strconv.FormatInt(s.RmemMax, 10), strconv.FormatInt(rmemMax, 10)},
+		{"net.core.wmem_max", strconv.FormatInt(s.WmemMax, 10), strconv.FormatInt(wmemMax, 10)},
+		{"net.ipv4.tcp_mem", triple(s.Mem), triple(mem)},
+	}
+	return p
+}
+
+// ParseRate reads a bandwidth: bits ("1Gbit", "100Mbit/s", "500kbit") or
+// bytes ("112MB/s", "1.5GB"), decimal units; bytes per second.
+func ParseRate(s string) (float64, error) {
+	v := strings.TrimSuffix(strings.TrimSpace(s), "/s")
+	for _, u := range []struct {
+		suffix string
+		mult   float64
+	}{{"Gbit", 1e9 / 8}, {"Mbit", 1e6 / 8}, {"kbit", 1e3 / 8}, {"bit", 1.0 / 8}, {"GB", 1e9}, {"MB", 1e6}, {"kB", 1e3}, {"B", 1}} {
+		if n, ok := strings.CutSuffix(v, u.suffix); ok {
+			f, err := strconv.ParseFloat(n, 64)
+			if err != nil || f <= 0 || math.IsInf(f, 0) {
+				break
+			}
+			return f * u.mult, nil
+		}
+	}
+	return 0, fmt.Errorf("%q: give a rate such as 1Gbit, 100Mbit/s or 112MB/s", s)
+}
