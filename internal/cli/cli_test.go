@@ -72,6 +72,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"lab", "egress", "--sizes", "ten"}, `--sizes "ten"`},
 		{[]string{"lab", "egress", "--destinations", "all"}, `--destinations "all": many or one`},
 		{[]string{"tune", "tcp"}, "--rtt is required"},
+		{[]string{"tune", "tcp", "--rtt", "10ms", "--apply"}, "--apply needs --bandwidth"},
+		{[]string{"tune", "tcp", "--revert", "--root", "/nonexistent"}, "nothing to revert"},
 		{[]string{"tune", "tcp", "--rtt", "10ms", "--bandwidth", "fast"}, `--bandwidth "fast": give a rate such as 1Gbit`},
 		{[]string{"tune", "tcp", "--rtt", "10ms", "--root", "/nonexistent"}, "read the TCP settings: open /nonexistent/proc/sys/net/ipv4/tcp_rmem"},
 		{[]string{"diagnose", "--duration", "0s"}, "--duration must be positive"},

@@ -25,9 +25,10 @@ func tuneTCPCmd(g *globals) *cobra.Command {
 		bandwidth, root string
 		rtt             time.Duration
 		conns           int
+		apply, revert   bool
 	)
 	c := &cobra.Command{
-		Use:   "tcp --rtt DURATION [--bandwidth RATE] [--conns N] [--root DIR]",
+		Use:   "tcp --rtt DURATION [--bandwidth RATE] [--conns N] [--apply | --revert] [--root DIR]",
 		Short: "What rate the TCP settings allow on a path, and the buffers that fill it",
 		Long: `tcp reads the running kernel's TCP buffer settings and says what rate one
 connection can reach on a path of --rtt: a receive window (the share of
@@ -36,12 +37,22 @@ half the buffer from 6.6 until a connection measures its own overhead) or
 a send buffer (of which 0.7 carries data in flight) per round trip,
 whichever is smaller. With --bandwidth it gives the tcp_rmem, tcp_wmem,
 rmem_max, wmem_max and tcp_mem that fill the path for --conns connections
-at once, and findings with the commands that apply them. Nothing is
-changed.`,
+at once, and findings with the commands that apply them. --apply sets
+them (and tcp_slow_start_after_idle=0 when it is on), writes them to
+/etc/sysctl.d/90-rampart-tcp.conf so they hold after a reboot, and keeps
+what they were in /var/lib/rampart; --revert sets those back and removes
+both files.`,
 		Example: `  rampart tune tcp --rtt 146ms
   rampart tune tcp --rtt 68ms --bandwidth 1Gbit --conns 4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if revert {
+				if err := tune.RevertTCP(root); err != nil {
+					return err
+				}
+				fmt.Fprintln(g.env.Stdout, "reverted: the TCP settings are what they were before --apply")
+				return nil
+			}
 			if rtt <= 0 {
 				return errors.New("--rtt is required: the path's round-trip time, e.g. --rtt 146ms")
 			}
@@ -55,11 +66,19 @@ changed.`,
 			if conns < 1 {
 				return errors.New("--conns must be at least 1")
 			}
+			if apply && rate == 0 {
+				return errors.New("--apply needs --bandwidth: the buffers are sized for a path's bandwidth × RTT")
+			}
 			s, err := tune.ReadTCP(root)
 			if err != nil {
 				return fmt.Errorf("read the TCP settings: %w", err)
 			}
 			p := tune.PlanTCP(s, rate, rtt, conns)
+			if apply {
+				if err := tune.ApplyTCP(root, p); err != nil {
+					return fmt.Errorf("apply: %w (run rampart tune tcp --revert to set back what was changed)", err)
+				}
+			}
 			if g.json {
 				return g.printJSON(p)
 			}
@@ -72,6 +91,9 @@ changed.`,
 			for _, f := range p.Findings {
 				fmt.Fprintf(g.env.Stdout, "\n%s: %s\n  fix: %s\n", f.ID, f.Evidence, f.Fix)
 			}
+			if apply {
+				fmt.Fprintln(g.env.Stdout, "\napplied, and kept in /etc/sysctl.d/90-rampart-tcp.conf; rampart tune tcp --revert undoes it")
+			}
 			return nil
 		},
 	}
@@ -79,6 +101,9 @@ changed.`,
 	f.DurationVar(&rtt, "rtt", 0, "the path's round-trip time")
 	f.StringVar(&bandwidth, "bandwidth", "", "the path's bandwidth: 1Gbit, 100Mbit/s, 112MB/s")
 	f.IntVar(&conns, "conns", 1, "connections that fill the path at once (tcp_mem holds them all)")
-	f.StringVar(&root, "root", "/", "read proc/ under this directory instead of /")
+	f.StringVar(&root, "root", "/", "read and write proc/, etc/ and var/ under this directory instead of /")
+	f.BoolVar(&apply, "apply", false, "set the recommended values and keep them in /etc/sysctl.d")
+	f.BoolVar(&revert, "revert", false, "set back what --apply changed")
+	c.MarkFlagsMutuallyExclusive("apply", "revert")
 	return c
 }

@@ -2,10 +2,12 @@
 package tune
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -245,4 +247,86 @@ func ParseRate(s string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%q: give a rate such as 1Gbit, 100Mbit/s or 112MB/s", s)
+}
+
+// Where --apply keeps the settings across reboots and what it replaced.
+const (
+	sysctlConf   = "etc/sysctl.d/90-rampart-tcp.conf"
+	previousConf = "var/lib/rampart/tune-tcp.previous.conf"
+)
+
+// sysctlPath is a sysctl's file under root.
+func sysctlPath(root, name string) string {
+	return filepath.Join(root, "proc/sys", strings.ReplaceAll(name, ".", "/"))
+}
+
+// ApplyTCP sets the plan's recommended sysctls (and turns off slow start
+// after idle when the plan found it on) under root, writes them to
+// /etc/sysctl.d so they hold after a reboot, and keeps what they were for
+// RevertTCP. A setting already applied keeps its first saved value.
+func ApplyTCP(root string, p TCPPlan) error {
+	set := slices.Clone(p.Sysctls)
+	for _, f := range p.Findings {
+		if f.ID == "tcp-slow-start-after-idle" {
+			set = append(set, Sysctl{"net.ipv4.tcp_slow_start_after_idle", "1", "0"})
+		}
+	}
+	prev := filepath.Join(root, previousConf)
+	if _, err := os.Stat(prev); os.IsNotExist(err) {
+		var b strings.Builder
+		for _, s := range set {
+			fmt.Fprintf(&b, "%s = %s\n", s.Name, s.Current)
+		}
+		if err := writeFile(prev, b.String()); err != nil {
+			return err
+		}
+	}
+	var b strings.Builder
+	b.WriteString("# Written by rampart tune tcp --apply; rampart tune tcp --revert removes it.\n")
+	for _, s := range set {
+		fmt.Fprintf(&b, "%s = %s\n", s.Name, s.Recommended)
+	}
+	if err := writeFile(filepath.Join(root, sysctlConf), b.String()); err != nil {
+		return err
+	}
+	return setAll(root, set, func(s Sysctl) string { return s.Recommended })
+}
+
+// RevertTCP sets back what ApplyTCP replaced and removes its files.
+func RevertTCP(root string) error {
+	b, err := os.ReadFile(filepath.Join(root, previousConf))
+	if os.IsNotExist(err) {
+		return errors.New("nothing to revert: rampart tune tcp --apply has not changed this host")
+	}
+	if err != nil {
+		return err
+	}
+	var set []Sysctl
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		name, v, ok := strings.Cut(l, " = ")
+		if !ok {
+			return fmt.Errorf("%s: cannot read %q", previousConf, l)
+		}
+		set = append(set, Sysctl{Name: name, Current: v})
+	}
+	if err := setAll(root, set, func(s Sysctl) string { return s.Current }); err != nil {
+		return err
+	}
+	return errors.Join(os.Remove(filepath.Join(root, sysctlConf)), os.Remove(filepath.Join(root, previousConf)))
+}
+
+func setAll(root string, set []Sysctl, value func(Sysctl) string) error {
+	for _, s := range set {
+		if err := os.WriteFile(sysctlPath(root, s.Name), []byte(value(s)+"\n"), 0); err != nil {
+			return fmt.Errorf("set %s: %w", s.Name, err)
+		}
+	}
+	return nil
+}
+
+func writeFile(path, text string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(text), 0o644)
 }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -77,5 +78,46 @@ func TestReadTCPErrors(t *testing.T) {
 	}
 	if _, err := ReadTCP(t.TempDir()); err == nil {
 		t.Error("an empty tree was read")
+	}
+}
+
+// TestApplyAndRevert on a fixture tree: the sysctls really written and
+// kept in sysctl.d, then everything as it was.
+func TestApplyAndRevert(t *testing.T) {
+	root := tree(t, "6.18.0", "4096\t131072\t6000000", "4096\t16384\t4194304", "1")
+	s, err := ReadTCP(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate, _ := ParseRate("1Gbit")
+	if err := ApplyTCP(root, PlanTCP(s, rate, 146*time.Millisecond, 1)); err != nil {
+		t.Fatal(err)
+	}
+	after, err := ReadTCP(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Rmem[2] != 36_500_000 || after.Wmem[2] != 26_071_429 || after.SlowStartAfterIdle || after.RmemMax != 36_500_000 {
+		t.Errorf("after apply: %+v", after)
+	}
+	conf, err := os.ReadFile(filepath.Join(root, sysctlConf))
+	if err != nil || !strings.Contains(string(conf), "net.ipv4.tcp_rmem = 4096\t131072\t36500000") {
+		t.Errorf("sysctl.d: %q %v", conf, err)
+	}
+	if got, _ := after.RateNow(146 * time.Millisecond); math.Abs(got-rate)/rate > 0.001 {
+		t.Errorf("after apply the path gets %.0f B/s, want %.0f", got, rate)
+	}
+	if err := RevertTCP(root); err != nil {
+		t.Fatal(err)
+	}
+	back, err := ReadTCP(root)
+	if err != nil || back != s {
+		t.Errorf("after revert: %+v (%v), want %+v", back, err, s)
+	}
+	if _, err := os.Stat(filepath.Join(root, sysctlConf)); !os.IsNotExist(err) {
+		t.Errorf("sysctl.d file left: %v", err)
+	}
+	if err := RevertTCP(root); err == nil || !strings.Contains(err.Error(), "nothing to revert") {
+		t.Errorf("a second revert: %v", err)
 	}
 }
