@@ -188,4 +188,3 @@ func TestDelayLine(t *testing.T) {
 		t.Errorf("after the recommended buffers one connection got %.2f MB/s, want ≥ 90%% of %.2f", after/1e6, d.rate/1e6)
 	}
 }
-
