@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"time"
 
@@ -264,8 +263,10 @@ func writeEgressFiles(rep *lab.EgressReport, dir string) ([]string, error) {
 // runLab is what the lab commands share: root, the output and work
 // directories, progress, the report written also when the run stops short,
 // and the table or JSON.
-func runLab[R interface{ WriteTable(io.Writer) }](g *globals, name, out string,
-	run func(dir string, progress func(string)) (R, error), write func(R, string) ([]string, error)) error {
+func runLab[R any, P interface {
+	*R
+	WriteTable(io.Writer)
+}](g *globals, name, out string, run func(dir string, progress func(string)) (P, error), write func(P, string) ([]string, error)) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("lab %s needs root: it creates network namespaces and loads BPF programs (run it with sudo)", name)
 	}
@@ -288,7 +289,7 @@ func runLab[R interface{ WriteTable(io.Writer) }](g *globals, name, out string,
 	if progress != nil {
 		fmt.Fprint(g.env.Stderr, "\r\033[K")
 	}
-	if reflect.ValueOf(rep).IsNil() { // a run that could not start has no report
+	if rep == nil { // a run that could not start has no report
 		return err
 	}
 	files, werr := write(rep, out)

@@ -30,7 +30,7 @@ type Options struct {
 	Sources  int    // flood sources per family, and so the size of the list-based layers' lists
 	Dir      string // where the list and policy files (and the rampart layer's state) go
 	// Progress, when set, hears what the run is doing.
-	Progress func(msg string)
+	Progress Progress
 }
 
 // Defaults for a full run and for --quick.
@@ -164,7 +164,7 @@ func Drop(ctx context.Context, o Options) (*Report, error) {
 				continue
 			}
 			seq++
-			o.progress(fmt.Sprintf("round %d/%d, row %d/%d: %s IPv%d", round+1, o.Repeats, i+1, len(plans), p.layer.name, p.flood.family))
+			o.Progress.say(fmt.Sprintf("round %d/%d, row %d/%d: %s IPv%d", round+1, o.Repeats, i+1, len(plans), p.layer.name, p.flood.family))
 			s, mode, err := measureOnce(ctx, o, p, seq, cpu)
 			if ctx.Err() != nil {
 				rep.Results = results(plans)
@@ -225,12 +225,6 @@ func (o *Options) flood(family int) (*flood, error) {
 		return nil, fmt.Errorf("--src%d: %w", family, err)
 	}
 	return f, nil
-}
-
-func (o *Options) progress(msg string) {
-	if o.Progress != nil {
-		o.Progress(msg)
-	}
 }
 
 // measureOnce runs one row once: a fresh topology and layer, the
@@ -295,7 +289,7 @@ func measureOnce(ctx context.Context, o Options, p *plan, seq int, cpu cpuPlan) 
 		setup := s.setup
 		s = cur.since(prev)
 		s.setup = setup
-		o.progress(fmt.Sprintf("%s IPv%d: %.3f Mpps dropped of %.2f offered", l.name, f.family, s.mpps, s.offered))
+		o.Progress.say(fmt.Sprintf("%s IPv%d: %.3f Mpps dropped of %.2f offered", l.name, f.family, s.mpps, s.offered))
 		return nil
 	}()
 	if gerr := gen.halt(); err == nil {

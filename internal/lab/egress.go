@@ -36,7 +36,7 @@ type EgressOptions struct {
 	Destinations string        // "many" (default) or "one", as the study ran it
 	Budget       time.Duration // a method's set-up past it is reported as over budget
 	Dir          string
-	Progress     func(msg string)
+	Progress     Progress
 }
 
 // Defaults for a full run and for --quick; --large adds 10M and 50M.
@@ -170,20 +170,23 @@ func egressList(size int) []netip.Prefix {
 	return out
 }
 
+// egressListFile is one size's list, in memory for the methods that load
+// prefixes and as the file rampart's policy names.
+type egressListFile struct {
+	file     string
+	prefixes []netip.Prefix
+}
+
 // egressRow is what a method's setup works with: the client is the
 // topology's generator side, the server its receiving side.
 type egressRow struct {
-	topo *topology
-	list []netip.Prefix
-	file string // the list, one prefix a line
-	dir  string
-	ipt  string
-	objs *labObjects
-}
-
-// inClient runs a command in the client's namespace.
-func (r *egressRow) inClient(args ...string) error {
-	return run(append([]string{"ip", "netns", "exec", r.topo.genNs}, args...)...)
+	topo    *topology
+	list    []netip.Prefix
+	file    string // the list, one prefix a line
+	dir     string
+	ipt     string
+	objs    *labObjects
+	rampart *rampartHook // the rampart method's
 }
 
 // Egress runs the egress study. It removes what it created, also when ctx
@@ -209,13 +212,13 @@ func Egress(ctx context.Context, o EgressOptions) (*EgressReport, error) {
 		methods = slices.DeleteFunc(slices.Clone(methods), func(m egressMethod) bool { return !slices.Contains(o.Methods, m.name) })
 	}
 	cells := map[egressKey]*egressCell{}
-	lists := map[int]string{}
+	lists := map[int]egressListFile{}
 	for _, size := range o.Sizes {
-		file := filepath.Join(o.Dir, fmt.Sprintf("egress-%d.txt", size))
-		if err := writePrefixes(file, egressList(size)); err != nil {
+		l := egressListFile{file: filepath.Join(o.Dir, fmt.Sprintf("egress-%d.txt", size)), prefixes: egressList(size)}
+		if err := writePrefixes(l.file, l.prefixes); err != nil {
 			return nil, err
 		}
-		lists[size] = file
+		lists[size] = l
 		for _, m := range methods {
 			cells[egressKey{m.name, size}] = &egressCell{samples: map[string][]float64{}, status: StatusOK}
 		}
@@ -229,8 +232,8 @@ func Egress(ctx context.Context, o EgressOptions) (*EgressReport, error) {
 					continue
 				}
 				seq++
-				o.progress(fmt.Sprintf("round %d/%d: %s with %d prefixes", round+1, o.Rounds, m.name, size))
-				s, err := measureEgress(ctx, o, m, size, lists[size], seq, cpu)
+				o.Progress.say(fmt.Sprintf("round %d/%d: %s with %d prefixes", round+1, o.Rounds, m.name, size))
+				s, err := measureEgress(ctx, o, m, lists[size], seq, cpu)
 				if ctx.Err() != nil {
 					rep.Results = egressResults(o.Sizes, methods, cells)
 					return rep, ctx.Err()
@@ -248,12 +251,6 @@ func Egress(ctx context.Context, o EgressOptions) (*EgressReport, error) {
 	rep.Results = egressResults(o.Sizes, methods, cells)
 	rep.finish()
 	return rep, nil
-}
-
-func (o *EgressOptions) progress(msg string) {
-	if o.Progress != nil {
-		o.Progress(msg)
-	}
 }
 
 // egressKey and egressCell are one method at one size over the rounds.

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -23,15 +22,13 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/engine"
-	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // measureEgress runs one method at one size once: a fresh topology, the
 // filter set up (timed), a check that it drops a listed destination, then
 // UDP at saturation, one TCP connection and ping; everything torn down
 // after.
-func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size int, file string, seq int, cpu cpuPlan) (map[string]float64, error) {
+func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, list egressListFile, seq int, cpu cpuPlan) (map[string]float64, error) {
 	if missing := missingTool(m.tools); missing != "" {
 		return nil, skipError{missing}
 	}
@@ -49,11 +46,7 @@ func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size in
 			return nil, err
 		}
 	}
-	list, err := readPrefixes(file)
-	if err != nil {
-		return nil, err
-	}
-	r := &egressRow{topo: topo, list: list, file: file, dir: o.Dir, ipt: iptablesFor(4)}
+	r := &egressRow{topo: topo, list: list.prefixes, file: list.file, dir: o.Dir, ipt: iptablesFor(4)}
 	s := map[string]float64{}
 	start := time.Now()
 	err = m.setup(r)
@@ -61,8 +54,8 @@ func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size in
 	if r.objs != nil {
 		defer r.objs.Close()
 	}
-	if m.name == "rampart" {
-		defer r.detachRampart() // its state goes with the row; the namespace takes the link
+	if r.rampart != nil {
+		defer r.rampart.detach() // its state goes with the row; the namespace takes the link
 	}
 	if err != nil {
 		var skip skipError
@@ -92,7 +85,7 @@ func measureEgress(ctx context.Context, o EgressOptions, m egressMethod, size in
 	// server's. TCP and ping were measured with TSO, as the study's NICs
 	// had it (ping by the backlog: the NAPI thread's wake-ups are noise at
 	// its scale).
-	if err := r.inClient("ethtool", "-K", r.topo.genIf, "tso", "off"); err != nil {
+	if err := inNs(r.topo.genNs, "ethtool", "-K", r.topo.genIf, "tso", "off"); err != nil {
 		return nil, err
 	}
 	if s[MetricUDP], err = r.udpRate(ctx, o, cpu.gen); err != nil {
@@ -343,22 +336,6 @@ func parsePing(out []byte) (avg, p99 float64, err error) {
 	return sum / float64(len(rtts)), percentile(rtts, 0.99), nil
 }
 
-func readPrefixes(file string) ([]netip.Prefix, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Prefix
-	for _, l := range strings.Fields(string(b)) {
-		p, err := netip.ParsePrefix(l)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, p)
-	}
-	return out, nil
-}
-
 // setupEgressIptables is the study's first method: one OUTPUT rule per
 // prefix, loaded with iptables-restore.
 func setupEgressIptables(r *egressRow) error {
@@ -368,7 +345,7 @@ func setupEgressIptables(r *egressRow) error {
 		fmt.Fprintf(&b, "-A OUTPUT -d %s -j DROP\n", p)
 	}
 	b.WriteString("COMMIT\n")
-	return r.restore(b.String(), r.ipt+"-restore", "-w", "--noflush")
+	return restoreIn(r.topo.genNs, b.String(), r.ipt+"-restore", "-w", "--noflush")
 }
 
 // setupEgressIpset: a hash:net set and one OUTPUT rule.
@@ -378,10 +355,10 @@ func setupEgressIpset(r *egressRow) error {
 	for _, p := range r.list {
 		fmt.Fprintf(&b, "add %s %s\n", labSet, p)
 	}
-	if err := r.restore(b.String(), "ipset", "restore", "-exist"); err != nil {
+	if err := restoreIn(r.topo.genNs, b.String(), "ipset", "restore", "-exist"); err != nil {
 		return err
 	}
-	return r.inClient(r.ipt, "-w", "-A", "OUTPUT", "-m", "set", "--match-set", labSet, "dst", "-j", "DROP")
+	return inNs(r.topo.genNs, r.ipt, "-w", "-A", "OUTPUT", "-m", "set", "--match-set", labSet, "dst", "-j", "DROP")
 }
 
 // setupEgressNft: what a user of nftables writes today, an interval set
@@ -400,7 +377,7 @@ func setupEgressNft(r *egressRow) error {
 		}
 		b.WriteString(" }\n")
 	}
-	return r.restore(b.String(), "nft", "-f", "-")
+	return restoreIn(r.topo.genNs, b.String(), "nft", "-f", "-")
 }
 
 // setupEgressTCLPM is the study's eBPF filter: a clsact qdisc on the
@@ -451,40 +428,7 @@ default: pass
 // the client's egress, as `rampart apply --egress` does.
 func setupEgressRampart(r *egressRow) error {
 	file := filepath.Join(r.dir, fmt.Sprintf("egress-%d.yaml", len(r.list)))
-	if err := os.WriteFile(file, []byte(fmt.Sprintf(egressPolicy, r.file)), 0o644); err != nil {
-		return err
-	}
-	fw, err := r.firewall()
-	if err != nil {
-		return err
-	}
-	pol, err := policy.Load(file, policy.Options{})
-	if err != nil {
-		return err
-	}
-	if _, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: []string{r.topo.genIf}, Egress: true}); err != nil {
-		return fmt.Errorf("rampart apply --egress: %w", err)
-	}
-	return nil
-}
-
-func (r *egressRow) firewall() (*engine.Firewall, error) {
-	return engine.New(engine.Options{PinRoot: PinRoot(), StateRoot: filepath.Join(r.dir, "rampart-state"), Netns: r.topo.genNs})
-}
-
-// detachRampart removes the row's hook, so that its state goes with it.
-func (r *egressRow) detachRampart() error {
-	fw, err := r.firewall()
-	if err != nil {
-		return err
-	}
-	if _, err := fw.Detach([]string{r.topo.genIf}); err != nil {
-		return fmt.Errorf("rampart detach: %w", err)
-	}
-	return nil
-}
-
-// restore feeds a script to a command in the client's namespace.
-func (r *egressRow) restore(script string, args ...string) error {
-	return (&row{topo: &topology{rxNs: r.topo.genNs}}).restore(script, args...)
+	var err error
+	r.rampart, err = applyRampart(r.dir, r.topo.genNs, r.topo.genIf, file, fmt.Sprintf(egressPolicy, r.file), true)
+	return err
 }

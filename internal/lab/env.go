@@ -44,3 +44,12 @@ type Host struct {
 func thisHost() Host {
 	return Host{Kernel: kernelRelease(), CPUModel: cpuModel(), CPUs: runtime.NumCPU()}
 }
+
+// Progress, when set, hears what a lab run is doing.
+type Progress func(msg string)
+
+func (p Progress) say(msg string) {
+	if p != nil {
+		p(msg)
+	}
+}

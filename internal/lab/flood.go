@@ -14,8 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/engine"
-	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/stats"
 )
 
 // The floods of `rampart lab flood`.
@@ -78,7 +77,7 @@ type FloodOptions struct {
 	UDPRate  int // legitimate requests per second
 	Sources  int // the sources flood's sources
 	Dir      string
-	Progress func(msg string)
+	Progress Progress
 }
 
 // Defaults for a full run and for --quick.
@@ -113,12 +112,6 @@ func (o *FloodOptions) Validate() error {
 		return errors.New("--sources must be 1 to 16777216")
 	}
 	return nil
-}
-
-func (o *FloodOptions) progress(msg string) {
-	if o.Progress != nil {
-		o.Progress(msg)
-	}
 }
 
 // FloodResult is one row: a defence against a flood, one family, with the
@@ -267,7 +260,7 @@ func Flood(ctx context.Context, o FloodOptions) (*FloodReport, error) {
 		}
 	}
 	for i, p := range plans {
-		o.progress(fmt.Sprintf("row %d/%d: %s against %s flood, IPv%d", i+1, len(plans), p.def.name, p.flood, p.family))
+		o.Progress.say(fmt.Sprintf("row %d/%d: %s against %s flood, IPv%d", i+1, len(plans), p.def.name, p.flood, p.family))
 		// The kernel dismantles the last row's namespaces in the
 		// background, on the CPUs the next row measures.
 		if i > 0 && !sleepCtx(ctx.Done(), settle) {
@@ -309,11 +302,6 @@ type floodRow struct {
 	family int
 	dir    string
 	ipt    string
-}
-
-// inRx runs a command in the receiving namespace.
-func (r *floodRow) inRx(args ...string) error {
-	return run(append([]string{"ip", "netns", "exec", r.topo.rxNs}, args...)...)
 }
 
 // runFloodRow measures one row: a fresh topology, the defence, the
@@ -400,7 +388,7 @@ func runFloodRow(ctx context.Context, o FloodOptions, p *floodPlan, seq int, cpu
 		}
 		after.since(before, &p.res)
 		load.summarise(&p.res)
-		o.progress(fmt.Sprintf("%s against %s flood, IPv%d: %.1f%% of legitimate %s answered, %.2f Mpps offered",
+		o.Progress.say(fmt.Sprintf("%s against %s flood, IPv%d: %.1f%% of legitimate %s answered, %.2f Mpps offered",
 			p.def.name, p.flood, p.family, 100*p.res.LegitSuccess, p.res.Legit, p.res.OfferedMPPS))
 		return nil
 	}()
@@ -486,7 +474,7 @@ func (c floodCounts) since(p floodCounts, r *FloodResult) {
 // setupNoDefence turns the kernel's SYN cookies off: the listener's SYN
 // queue is all there is. What the kernel drops is counted.
 func setupNoDefence(r *floodRow) (*defenceActive, error) {
-	if err := r.inRx("sysctl", "-qw", "net.ipv4.tcp_syncookies=0"); err != nil {
+	if err := inNs(r.topo.rxNs, "sysctl", "-qw", "net.ipv4.tcp_syncookies=0"); err != nil {
 		return nil, err
 	}
 	return &defenceActive{stopped: r.kernelDrops}, nil
@@ -495,7 +483,7 @@ func setupNoDefence(r *floodRow) (*defenceActive, error) {
 // setupKernelCookies answers every SYN with a cookie (tcp_syncookies=2),
 // not only when the queue overflows.
 func setupKernelCookies(r *floodRow) (*defenceActive, error) {
-	if err := r.inRx("sysctl", "-qw", "net.ipv4.tcp_syncookies=2"); err != nil {
+	if err := inNs(r.topo.rxNs, "sysctl", "-qw", "net.ipv4.tcp_syncookies=2"); err != nil {
 		return nil, err
 	}
 	sent := func() (uint64, error) { return r.netstat("TcpExt", "SyncookiesSent") }
@@ -531,24 +519,23 @@ func (r *floodRow) netstat(group, name string) (uint64, error) {
 // SYNs to the service untracked, answered by SYNPROXY with a cookie, the
 // connection made to the listener only once the client's ACK proves it.
 func setupSynproxy(r *floodRow) (*defenceActive, error) {
-	if err := r.inRx(r.ipt, "-w", "-t", "raw", "-A", "PREROUTING", "-i", r.topo.rxIf, "-p", "tcp", "--dport", fmt.Sprint(tcpPort),
+	if err := inNs(r.topo.rxNs, r.ipt, "-w", "-t", "raw", "-A", "PREROUTING", "-i", r.topo.rxIf, "-p", "tcp", "--dport", fmt.Sprint(tcpPort),
 		"--syn", "-j", "CT", "--notrack"); err != nil {
 		return nil, err
 	}
-	if err := r.inRx(r.ipt, "-w", "-A", "INPUT", "-i", r.topo.rxIf, "-p", "tcp", "--dport", fmt.Sprint(tcpPort),
+	if err := inNs(r.topo.rxNs, r.ipt, "-w", "-A", "INPUT", "-i", r.topo.rxIf, "-p", "tcp", "--dport", fmt.Sprint(tcpPort),
 		"-m", "conntrack", "--ctstate", "INVALID,UNTRACKED", "-j", "SYNPROXY", "--sack-perm", "--timestamp", "--wscale", "7", "--mss", "1460"); err != nil {
 		return nil, err
 	}
-	if err := r.inRx(r.ipt, "-w", "-A", "INPUT", "-i", r.topo.rxIf, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"); err != nil {
+	if err := inNs(r.topo.rxNs, r.ipt, "-w", "-A", "INPUT", "-i", r.topo.rxIf, "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"); err != nil {
 		return nil, err
 	}
 	// Out-of-window ACKs must be INVALID for SYNPROXY to see them.
-	if err := r.inRx("sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0"); err != nil {
+	if err := inNs(r.topo.rxNs, "sysctl", "-qw", "net.netfilter.nf_conntrack_tcp_loose=0"); err != nil {
 		return nil, err
 	}
-	ipt := &row{topo: r.topo, ipt: r.ipt}
-	answered := ipt.iptablesCount("filter", "INPUT", "SYNPROXY")
-	dropped := ipt.iptablesCount("filter", "INPUT", "DROP")
+	answered := iptablesCounter(r.topo.rxNs, r.ipt, "filter", "INPUT", "SYNPROXY")
+	dropped := iptablesCounter(r.topo.rxNs, r.ipt, "filter", "INPUT", "DROP")
 	stopped := func() (uint64, error) {
 		a, err := answered()
 		if err != nil {
@@ -560,73 +547,39 @@ func setupSynproxy(r *floodRow) (*defenceActive, error) {
 	return &defenceActive{stopped: stopped, answered: answered, mode: r.ipt}, nil
 }
 
-// applyRampart applies a policy through the engine on the row's own roots.
-func (r *floodRow) applyRampart(name, text string) (*engine.Firewall, string, error) {
-	file := filepath.Join(r.dir, name+".yaml")
-	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
-		return nil, "", err
-	}
-	fw, err := engine.New(engine.Options{PinRoot: PinRoot(), StateRoot: filepath.Join(r.dir, "rampart-state"), Netns: r.topo.rxNs})
-	if err != nil {
-		return nil, "", err
-	}
-	pol, err := policy.Load(file, policy.Options{})
-	if err != nil {
-		return nil, "", err
-	}
-	res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: []string{r.topo.rxIf}})
-	if err != nil {
-		return nil, "", fmt.Errorf("rampart apply: %w", err)
-	}
-	// The namespace takes the links with it; the pins are removed with the
-	// run's pin root.
-	return fw, string(res.Applied[0].Mode), nil
-}
-
-// rampartCount reads one counter of a rule.
-func rampartCount(fw *engine.Firewall, rule string, pick func(datapathRow) uint64) func() (uint64, error) {
-	return func() (uint64, error) {
-		snap, err := fw.Stats()
-		if err != nil {
-			return 0, err
-		}
-		for _, row := range snap.Rows {
-			if row.Name == rule {
-				return pick(row), nil
-			}
-		}
-		return 0, fmt.Errorf("rampart has no rule %s", rule)
-	}
+// applyRampart applies a row's policy at the receiving interface.
+func (r *floodRow) applyRampart(name, text string) (*rampartHook, error) {
+	return applyRampart(r.dir, r.topo.rxNs, r.topo.rxIf, filepath.Join(r.dir, name+".yaml"), text, false)
 }
 
 func setupRampartCookies(r *floodRow) (*defenceActive, error) {
 	if err := datapath.Require(datapath.FeatureTCPReqsk); err != nil {
 		return nil, skipError{err.Error()}
 	}
-	fw, mode, err := r.applyRampart("syncookie", fmt.Sprintf(cookiePolicy, tcpPort))
+	h, err := r.applyRampart("syncookie", fmt.Sprintf(cookiePolicy, tcpPort))
 	if err != nil {
 		return nil, err
 	}
-	sent := rampartCount(fw, "syn-web", func(x datapathRow) uint64 { return x.CookiesSent })
-	return &defenceActive{stopped: sent, answered: sent, mode: mode}, nil
+	sent := h.counter("syn-web", func(x stats.Row) uint64 { return x.CookiesSent })
+	return &defenceActive{stopped: sent, answered: sent, mode: h.mode}, nil
 }
 
 func setupRampartDrop(r *floodRow) (*defenceActive, error) {
-	fw, mode, err := r.applyRampart("drop", fmt.Sprintf(dropPolicy, udpPort))
+	h, err := r.applyRampart("drop", fmt.Sprintf(dropPolicy, udpPort))
 	if err != nil {
 		return nil, err
 	}
-	dropped := rampartCount(fw, "udp-closed", func(x datapathRow) uint64 { return x.Packets })
-	return &defenceActive{stopped: dropped, mode: mode}, nil
+	dropped := h.counter("udp-closed", func(x stats.Row) uint64 { return x.Packets })
+	return &defenceActive{stopped: dropped, mode: h.mode}, nil
 }
 
 func setupRampartLimit(r *floodRow) (*defenceActive, error) {
-	fw, mode, err := r.applyRampart("limit", fmt.Sprintf(limitPolicy, udpPort))
+	h, err := r.applyRampart("limit", fmt.Sprintf(limitPolicy, udpPort))
 	if err != nil {
 		return nil, err
 	}
-	over := rampartCount(fw, "udp-fair-share", func(x datapathRow) uint64 { return x.Over })
-	return &defenceActive{stopped: over, mode: mode}, nil
+	over := h.counter("udp-fair-share", func(x stats.Row) uint64 { return x.Over })
+	return &defenceActive{stopped: over, mode: h.mode}, nil
 }
 
 // finish computes the issue's targets from rows of the same run.

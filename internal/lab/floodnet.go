@@ -22,11 +22,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/diagnose"
-	"github.com/rampart-fw/rampart/internal/stats"
 )
-
-// datapathRow is one rule's counters as the engine reports them.
-type datapathRow = stats.Row
 
 // clients is the legitimate clients' namespace, behind the generator's.
 type clients struct {

@@ -22,6 +22,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/stats"
 )
 
 // A layer is one row of the study: what to set up in the receiving
@@ -114,21 +115,17 @@ func (r *row) dst() string {
 }
 
 // in runs a command inside the receiving namespace.
-func (r *row) in(args ...string) error {
-	return run(append([]string{"ip", "netns", "exec", r.topo.rxNs}, args...)...)
-}
-
 // rule adds the study's rule for the flood to table/chain with a target.
 func (r *row) rule(table, chain string, extra ...string) error {
 	args := []string{r.ipt, "-w", "-t", table, "-I", chain, "-d", r.dst(), "-p", "udp", "--dport", strconv.Itoa(floodPort)}
-	return r.in(append(args, extra...)...)
+	return inNs(r.topo.rxNs, append(args, extra...)...)
 }
 
-// iptablesCount reads the packet counter of the first rule in table/chain
-// whose target is target.
-func (r *row) iptablesCount(table, chain, target string) func() (uint64, error) {
+// iptablesCounter reads, in ns, the packet counter of the first rule in
+// table/chain whose target is target.
+func iptablesCounter(ns, ipt, table, chain, target string) func() (uint64, error) {
 	return func() (uint64, error) {
-		out, err := output("ip", "netns", "exec", r.topo.rxNs, r.ipt, "-w", "-t", table, "-L", chain, "-v", "-x", "-n")
+		out, err := output("ip", "netns", "exec", ns, ipt, "-w", "-t", table, "-L", chain, "-v", "-x", "-n")
 		if err != nil {
 			return 0, err
 		}
@@ -267,14 +264,14 @@ func setupIptablesInput(r *row) (*active, error) {
 	if err := r.rule("filter", "INPUT", "-j", "DROP"); err != nil {
 		return nil, err
 	}
-	return &active{count: r.iptablesCount("filter", "INPUT", "DROP"), teardown: noTeardown}, nil
+	return &active{count: iptablesCounter(r.topo.rxNs, r.ipt, "filter", "INPUT", "DROP"), teardown: noTeardown}, nil
 }
 
 func setupIptablesRaw(r *row) (*active, error) {
 	if err := r.rule("raw", "PREROUTING", "-j", "DROP"); err != nil {
 		return nil, err
 	}
-	return &active{count: r.iptablesCount("raw", "PREROUTING", "DROP"), teardown: noTeardown}, nil
+	return &active{count: iptablesCounter(r.topo.rxNs, r.ipt, "raw", "PREROUTING", "DROP"), teardown: noTeardown}, nil
 }
 
 const nftTable = "rampart_lab"
@@ -475,10 +472,31 @@ const rampartRule = "drop-flood"
 // touched.
 func setupRampart(r *row) (*active, error) {
 	file := strings.TrimSuffix(r.list, ".txt") + ".yaml"
-	if err := os.WriteFile(file, []byte(fmt.Sprintf(rampartPolicy, r.list, floodPort)), 0o644); err != nil {
+	h, err := applyRampart(r.dir, r.topo.rxNs, r.topo.rxIf, file, fmt.Sprintf(rampartPolicy, r.list, floodPort), false)
+	if err != nil {
 		return nil, err
 	}
-	fw, err := engine.New(engine.Options{PinRoot: PinRoot(), StateRoot: filepath.Join(r.dir, "rampart-state"), Netns: r.topo.rxNs})
+	count := h.counter(rampartRule, func(x stats.Row) uint64 { return x.Packets })
+	return &active{count: count, teardown: h.detach, mode: h.mode}, nil
+}
+
+// rampartHook is a policy applied through the engine, as `rampart apply`
+// does, on roots of the run's own (a bpffs directory rampart-lab-<pid> and
+// the run's work directory): a lab run never touches the host's rampart
+// state.
+type rampartHook struct {
+	fw    *engine.Firewall
+	iface string
+	mode  string
+}
+
+// applyRampart writes text to file and applies it on iface in ns, at its
+// egress when egress is set.
+func applyRampart(dir, ns, iface, file, text string, egress bool) (*rampartHook, error) {
+	if err := os.WriteFile(file, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	fw, err := engine.New(engine.Options{PinRoot: PinRoot(), StateRoot: filepath.Join(dir, "rampart-state"), Netns: ns})
 	if err != nil {
 		return nil, err
 	}
@@ -486,27 +504,34 @@ func setupRampart(r *row) (*active, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: []string{r.topo.rxIf}})
+	res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: []string{iface}, Egress: egress})
 	if err != nil {
 		return nil, fmt.Errorf("rampart apply: %w", err)
 	}
-	teardown := func() error {
-		if _, err := fw.Detach([]string{r.topo.rxIf}); err != nil {
-			return fmt.Errorf("rampart detach: %w", err)
-		}
-		return nil
+	return &rampartHook{fw: fw, iface: iface, mode: string(res.Applied[0].Mode)}, nil
+}
+
+// detach removes the hook and its state; the namespace would take the
+// link, but not the state.
+func (h *rampartHook) detach() error {
+	if _, err := h.fw.Detach([]string{h.iface}); err != nil {
+		return fmt.Errorf("rampart detach: %w", err)
 	}
-	count := func() (uint64, error) {
-		snap, err := fw.Stats()
+	return nil
+}
+
+// counter reads one of a rule's counters.
+func (h *rampartHook) counter(rule string, pick func(stats.Row) uint64) func() (uint64, error) {
+	return func() (uint64, error) {
+		snap, err := h.fw.Stats()
 		if err != nil {
 			return 0, err
 		}
 		for _, row := range snap.Rows {
-			if row.Name == rampartRule {
-				return row.Packets, nil
+			if row.Name == rule {
+				return pick(row), nil
 			}
 		}
-		return 0, fmt.Errorf("rampart has no rule %s on %s", rampartRule, r.topo.rxIf)
+		return 0, fmt.Errorf("rampart has no rule %s on %s", rule, h.iface)
 	}
-	return &active{count: count, teardown: teardown, mode: string(res.Applied[0].Mode)}, nil
 }

@@ -32,8 +32,10 @@ func (f *flood) prefixes() []netip.Prefix {
 }
 
 // restore feeds a script to a command run inside the receiving namespace.
-func (r *row) restore(script string, args ...string) error {
-	cmd := exec.Command("ip", append([]string{"netns", "exec", r.topo.rxNs}, args...)...)
+// restoreIn feeds script to a command run in ns (iptables-restore, ipset
+// restore, nft -f -).
+func restoreIn(ns, script string, args ...string) error {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, args...)...)
 	cmd.Stdin = strings.NewReader(script)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, firstLine(out))
@@ -58,13 +60,13 @@ func setupIpset(r *row) (*active, error) {
 	for _, p := range ps {
 		fmt.Fprintf(&b, "add %s %s\n", labSet, p)
 	}
-	if err := r.restore(b.String(), "ipset", "restore"); err != nil {
+	if err := restoreIn(r.topo.rxNs, b.String(), "ipset", "restore"); err != nil {
 		return nil, err
 	}
 	if err := r.rule("raw", "PREROUTING", "-m", "set", "--match-set", labSet, "src", "-j", "DROP"); err != nil {
 		return nil, err
 	}
-	return &active{count: r.iptablesCount("raw", "PREROUTING", "DROP"), teardown: noTeardown}, nil
+	return &active{count: iptablesCounter(r.topo.rxNs, r.ipt, "raw", "PREROUTING", "DROP"), teardown: noTeardown}, nil
 }
 
 // setupNftSet is nftables' answer: a set of the sources, matched at
@@ -91,7 +93,7 @@ func setupNftSet(r *row) (*active, error) {
 		}
 		b.WriteString(" }\n")
 	}
-	if err := r.restore(b.String(), "nft", "-f", "-"); err != nil {
+	if err := restoreIn(r.topo.rxNs, b.String(), "nft", "-f", "-"); err != nil {
 		return nil, err
 	}
 	return &active{count: r.nftCount, teardown: noTeardown}, nil

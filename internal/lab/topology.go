@@ -197,6 +197,11 @@ func run(args ...string) error {
 	return nil
 }
 
+// inNs runs a command in a named network namespace.
+func inNs(ns string, args ...string) error {
+	return run(append([]string{"ip", "netns", "exec", ns}, args...)...)
+}
+
 // output runs a command and returns its standard output.
 func output(args ...string) ([]byte, error) {
 	var errb bytes.Buffer
