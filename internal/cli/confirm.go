@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -45,14 +46,8 @@ func watchdogCmd(g *globals) *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			deadline, err := time.Parse(time.RFC3339Nano, at)
-			if err != nil {
-				return fmt.Errorf("--at: %w", err)
-			}
-			select {
-			case <-time.After(time.Until(deadline)):
-			case <-cmd.Context().Done():
-				return cmd.Context().Err()
+			if err := sleepUntil(cmd.Context(), at); err != nil {
+				return err
 			}
 			fw, err := g.firewall()
 			if err != nil {
@@ -68,4 +63,18 @@ func watchdogCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&token, "token", "", "the apply to watch")
 	c.Flags().StringVar(&at, "at", "", "deadline (RFC 3339)")
 	return c
+}
+
+// sleepUntil waits for a watchdog's --at deadline (RFC 3339).
+func sleepUntil(ctx context.Context, at string) error {
+	deadline, err := time.Parse(time.RFC3339Nano, at)
+	if err != nil {
+		return fmt.Errorf("--at: %w", err)
+	}
+	select {
+	case <-time.After(time.Until(deadline)):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

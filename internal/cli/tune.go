@@ -13,10 +13,10 @@ import (
 
 func tuneCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
-		Use:   "tune tcp",
-		Short: "Size the host for its paths: TCP buffers from bandwidth and RTT",
+		Use:   "tune irq|tcp",
+		Short: "Tune the host: interrupts isolated by side, TCP buffers from bandwidth and RTT",
 	}
-	c.AddCommand(tuneTCPCmd(g))
+	c.AddCommand(tuneIRQCmd(g), tuneTCPCmd(g))
 	return c
 }
 
