@@ -24,7 +24,7 @@ func tuneTCPCmd(g *globals) *cobra.Command {
 	var (
 		bandwidth, root string
 		rtt             time.Duration
-		conns           int
+		conns, mtu      int
 		apply, revert   bool
 	)
 	c := &cobra.Command{
@@ -32,12 +32,13 @@ func tuneTCPCmd(g *globals) *cobra.Command {
 		Short: "What rate the TCP settings allow on a path, and the buffers that fill it",
 		Long: `tcp reads the running kernel's TCP buffer settings and says what rate one
 connection can reach on a path of --rtt: a receive window (the share of
-tcp_rmem's max the kernel advertises: tcp_adv_win_scale before Linux 6.6,
-half the buffer from 6.6 until a connection measures its own overhead) or
-a send buffer (of which 0.7 carries data in flight) per round trip,
-whichever is smaller. With --bandwidth it gives the tcp_rmem, tcp_wmem,
-rmem_max, wmem_max and tcp_mem that fill the path for --conns connections
-at once, and findings with the commands that apply them. --apply sets
+tcp_rmem's max the kernel advertises: tcp_adv_win_scale before Linux 6.6;
+from 6.6 the payload to truesize ratio each connection measures, 0.628
+for a full segment at --mtu 1500) or a send buffer (of which 0.7 carries
+data in flight) per round trip, whichever is smaller. Give the RTT ping
+measures on the path. With --bandwidth it gives the tcp_rmem, tcp_wmem,
+rmem_max, wmem_max and tcp_mem that fill the path, with a quarter of
+headroom, for --conns connections at once, and findings with the commands that apply them. --apply sets
 them (and tcp_slow_start_after_idle=0 when it is on), writes them to
 /etc/sysctl.d/90-rampart-tcp.conf so they hold after a reboot, and keeps
 what they were in /var/lib/rampart; --revert sets those back and removes
@@ -69,10 +70,14 @@ both files.`,
 			if apply && rate == 0 {
 				return errors.New("--apply needs --bandwidth: the buffers are sized for a path's bandwidth × RTT")
 			}
+			if mtu < 576 || mtu > 65535 {
+				return fmt.Errorf("--mtu %d: give the path's MTU, 576 to 65535", mtu)
+			}
 			s, err := tune.ReadTCP(root)
 			if err != nil {
 				return fmt.Errorf("read the TCP settings: %w", err)
 			}
+			s.MTU = mtu
 			p := tune.PlanTCP(s, rate, rtt, conns)
 			if apply {
 				if err := tune.ApplyTCP(root, p); err != nil {
@@ -101,6 +106,7 @@ both files.`,
 	f.DurationVar(&rtt, "rtt", 0, "the path's round-trip time")
 	f.StringVar(&bandwidth, "bandwidth", "", "the path's bandwidth: 1Gbit, 100Mbit/s, 112MB/s")
 	f.IntVar(&conns, "conns", 1, "connections that fill the path at once (tcp_mem holds them all)")
+	f.IntVar(&mtu, "mtu", 1500, "the path's MTU (the window's share of the buffer follows it from Linux 6.6)")
 	f.StringVar(&root, "root", "/", "read and write proc/, etc/ and var/ under this directory instead of /")
 	f.BoolVar(&apply, "apply", false, "set the recommended values and keep them in /etc/sysctl.d")
 	f.BoolVar(&revert, "revert", false, "set back what --apply changed")

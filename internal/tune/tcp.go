@@ -2,9 +2,11 @@
 package tune
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -23,6 +25,7 @@ type TCPSettings struct {
 	WindowScaling      bool     // net.ipv4.tcp_window_scaling
 	SlowStartAfterIdle bool     // net.ipv4.tcp_slow_start_after_idle
 	Kernel             [2]int   // major, minor
+	MTU                int      // of the path, for the kernel's window ratio from 6.6 (1500 if 0)
 }
 
 // sendPayloadRatio is how much of a send buffer carries data in flight:
@@ -30,11 +33,18 @@ type TCPSettings struct {
 // long fat pipe (the field report this tool grew from).
 const sendPayloadRatio = 0.7
 
-// defaultScalingRatio is the share of a receive buffer the kernel
-// advertises as window from Linux 6.6 on (TCP_DEFAULT_SCALING_RATIO,
-// 128/256), before a connection measures its own payload to truesize
-// ratio; older kernels take it from tcp_adv_win_scale.
-const defaultScalingRatio = 0.5
+// segmentScalingRatio is the share of a receive buffer the kernel
+// advertises as window from Linux 6.6 on: each connection measures its
+// payload to truesize ratio (tcp_measure_rcv_mss). For a full segment
+// received into a linear buffer that is the MSS (the MTU less 52 bytes of
+// IPv4 and TCP headers with timestamps) over the kmalloc bucket holding
+// the frame with NET_SKB_PAD and skb_shared_info, plus the sk_buff: 0.628
+// at MTU 1500. Drivers that receive into half pages and merge with GRO
+// reach ≈0.7; a page per frame, ≈0.35.
+func segmentScalingRatio(mtu int) float64 {
+	bucket := 1 << bits.Len(uint(mtu+14+64+320-1))
+	return float64(mtu-52) / float64(bucket+256)
+}
 
 // ReadTCP reads the settings under root ("/", or a tree with proc/ under
 // it).
@@ -119,7 +129,7 @@ func ReadTCP(root string) (TCPSettings, error) {
 // as window: tcp_win_from_space().
 func (s TCPSettings) scalingRatio() float64 {
 	if s.Kernel[0] > 6 || s.Kernel[0] == 6 && s.Kernel[1] >= 6 {
-		return defaultScalingRatio
+		return segmentScalingRatio(cmp.Or(s.MTU, 1500))
 	}
 	if s.AdvWinScale <= 0 {
 		return math.Ldexp(1, s.AdvWinScale) // space >> -scale
@@ -151,11 +161,18 @@ func (s TCPSettings) RateNow(rtt time.Duration) (rate float64, limit string) {
 	return snd / rtt.Seconds(), "send buffer"
 }
 
+// bufferHeadroom is what buffers get beyond the path's bandwidth × RTT:
+// the ratio a connection measures from 6.6 falls below the model's with
+// the driver's buffers and with data the application has not read yet
+// (0.53 against 0.63 measured over the delay line at 20 ms), and the
+// bottleneck's queue adds to the RTT.
+const bufferHeadroom = 1.25
+
 // Buffers are the tcp_rmem and tcp_wmem maxima that fill a path of rate
 // (bytes per second) and rtt: the receiver advertises rate × rtt as
-// window, the sender keeps rate × rtt in flight.
+// window, the sender keeps rate × rtt in flight, both with headroom.
 func (s TCPSettings) Buffers(rate float64, rtt time.Duration) (rmem, wmem int64) {
-	bdp := rate * rtt.Seconds()
+	bdp := rate * rtt.Seconds() * bufferHeadroom
 	return int64(math.Ceil(bdp / s.scalingRatio())), int64(math.Ceil(bdp / sendPayloadRatio))
 }
 

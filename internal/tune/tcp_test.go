@@ -32,8 +32,9 @@ func tree(t *testing.T, release, rmem, wmem string, scale string) string {
 // TestRateNowSeedCases: the field report's worked cases, its MB decimal. A
 // receiver whose window tops out at 3 MB (a 6 MB tcp_rmem max) on an RTT of
 // 146 ms gives ≈ 20.5 MB/s; a 12 MB tcp_rmem max at 68 ms, ≈ 88.2 MB/s
-// (tcp_adv_win_scale 1 before 6.6, the default scaling ratio from 6.6:
-// half the buffer is window either way).
+// (tcp_adv_win_scale 1: half the buffer is window). From 6.6 the same
+// buffer gives the share a full 1500-byte segment's payload has of its
+// buffer, 1448/2304: 12 MB × 0.628 / 68 ms ≈ 110.9 MB/s.
 func TestRateNowSeedCases(t *testing.T) {
 	for _, c := range []struct {
 		release, rmem, scale string
@@ -42,7 +43,7 @@ func TestRateNowSeedCases(t *testing.T) {
 	}{
 		{"5.10.0-28-amd64", "4096\t131072\t6000000", "1", 146 * time.Millisecond, 20.5},
 		{"6.1.0-18-amd64", "4096\t131072\t12000000", "1", 68 * time.Millisecond, 88.2},
-		{"6.18.44", "4096\t131072\t12000000", "1", 68 * time.Millisecond, 88.2},
+		{"6.18.44", "4096\t131072\t12000000", "1", 68 * time.Millisecond, 110.9},
 	} {
 		s, err := ReadTCP(tree(t, c.release, c.rmem, "4096\t16384\t67108864", c.scale))
 		if err != nil {
@@ -65,7 +66,7 @@ func TestBuffers(t *testing.T) {
 		rate, rtt := 112e6, 146*time.Millisecond // 1 GbE's payload rate, the report's RTT
 		rmem, wmem := s.Buffers(rate, rtt)
 		s.Rmem[2], s.Wmem[2] = rmem, wmem
-		if got, _ := s.RateNow(rtt); math.Abs(got-rate)/rate > 0.001 {
+		if got, _ := s.RateNow(rtt); math.Abs(got-rate*bufferHeadroom)/rate > 0.001 {
 			t.Errorf("%s: buffers %d/%d give %.0f B/s, want %.0f", release, rmem, wmem, got, rate)
 		}
 	}
@@ -97,14 +98,15 @@ func TestApplyAndRevert(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if after.Rmem[2] != 36_500_000 || after.Wmem[2] != 26_071_429 || after.SlowStartAfterIdle || after.RmemMax != 36_500_000 {
+	// 1 Gbit/s × 146 ms × 1.25 over 1448/2304 and over 0.7.
+	if after.Rmem[2] != 36_298_343 || after.Wmem[2] != 32_589_286 || after.SlowStartAfterIdle || after.RmemMax != 36_298_343 {
 		t.Errorf("after apply: %+v", after)
 	}
 	conf, err := os.ReadFile(filepath.Join(root, sysctlConf))
-	if err != nil || !strings.Contains(string(conf), "net.ipv4.tcp_rmem = 4096\t131072\t36500000") {
+	if err != nil || !strings.Contains(string(conf), "net.ipv4.tcp_rmem = 4096\t131072\t36298343") {
 		t.Errorf("sysctl.d: %q %v", conf, err)
 	}
-	if got, _ := after.RateNow(146 * time.Millisecond); math.Abs(got-rate)/rate > 0.001 {
+	if got, _ := after.RateNow(146 * time.Millisecond); math.Abs(got-rate*bufferHeadroom)/rate > 0.001 {
 		t.Errorf("after apply the path gets %.0f B/s, want %.0f", got, rate)
 	}
 	if err := RevertTCP(root); err != nil {
