@@ -84,6 +84,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		labCmd(g),
 		diagnoseCmd(g),
 		tuneCmd(g),
+		proxyCmd(g),
 	)
 	return root
 }

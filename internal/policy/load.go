@@ -105,8 +105,17 @@ func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
 
 // fields walks a mapping, refusing keys outside allowed and duplicate keys.
 func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
+	return Fields(p.file, n, what, allowed...)
+}
+
+// Fields walks a YAML mapping of file, refusing keys outside allowed and
+// duplicate keys with an Error at the key's line.
+func Fields(file string, n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
+	errf := func(n *yaml.Node, format string, args ...any) error {
+		return &Error{File: file, Line: n.Line, Field: what, Msg: fmt.Sprintf(format, args...)}
+	}
 	if n.Kind != yaml.MappingNode {
-		return nil, p.errf(n, what, "must be a mapping of keys to values")
+		return nil, errf(n, "must be a mapping of keys to values")
 	}
 	out := map[string]*yaml.Node{}
 	for i := 0; i+1 < len(n.Content); i += 2 {
@@ -116,10 +125,10 @@ func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[strin
 			known = known || a == k.Value
 		}
 		if !known {
-			return nil, p.errf(k, what, "unknown key %q (allowed: %s)", k.Value, strings.Join(allowed, ", "))
+			return nil, errf(k, "unknown key %q (allowed: %s)", k.Value, strings.Join(allowed, ", "))
 		}
 		if _, dup := out[k.Value]; dup {
-			return nil, p.errf(k, what, "key %q given twice", k.Value)
+			return nil, errf(k, "key %q given twice", k.Value)
 		}
 		out[k.Value] = v
 	}
