@@ -85,6 +85,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		diagnoseCmd(g),
 		tuneCmd(g),
 		proxyCmd(g),
+		serveCmd(g),
 	)
 	return root
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/serve"
 )
 
 func listCmd(g *globals) *cobra.Command {
@@ -61,11 +63,7 @@ func listChangeCmd(g *globals, add bool) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fw, err := g.recovered()
-			if err != nil {
-				return err
-			}
-			res, err := fw.ChangeList(engine.ListChange{List: args[0], Prefixes: prefixes, Add: add, TTL: ttl})
+			res, err := g.changeList(engine.ListChange{List: args[0], Prefixes: prefixes, Add: add, TTL: ttl})
 			if err != nil {
 				return err
 			}
@@ -155,13 +153,21 @@ func listFlushCmd(g *globals) *cobra.Command {
 }
 
 func (g *globals) revert(list string, prefixes []netip.Prefix) error {
-	fw, err := g.recovered()
-	if err != nil {
-		return err
-	}
-	removed, err := fw.RevertList(list, prefixes)
-	if err != nil {
-		return err
+	var removed []policy.ListOp
+	if api := g.service(); api != nil {
+		var out struct{ Removed []policy.ListOp }
+		if err := api.Do("POST", "/v1/revert", serve.BanRequest{List: list, Prefixes: prefixStrings(prefixes)}, &out); err != nil {
+			return err
+		}
+		removed = out.Removed
+	} else {
+		fw, err := g.recovered()
+		if err != nil {
+			return err
+		}
+		if removed, err = fw.RevertList(list, prefixes); err != nil {
+			return err
+		}
 	}
 	if len(removed) == 0 && !g.json {
 		return errors.New("no live change matched: nothing was reverted (rampart list show lists them)")
@@ -188,4 +194,47 @@ func expirerCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+// service is the running rampart serve's API for the host's namespace,
+// nil when none runs: list changes then go through it, so that it keeps
+// them across reboots.
+func (g *globals) service() *serve.Client {
+	if g.netns != "" {
+		return nil
+	}
+	return serve.Dial(filepath.Join(g.stateRoot, "api.sock"))
+}
+
+func prefixStrings(ps []netip.Prefix) []string {
+	out := []string{}
+	for _, p := range ps {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// changeList adds or removes prefixes through the service when it runs,
+// else through the engine.
+func (g *globals) changeList(c engine.ListChange) (*engine.ListChanged, error) {
+	if api := g.service(); api != nil {
+		req := serve.BanRequest{List: c.List, Prefixes: prefixStrings(c.Prefixes)}
+		if c.TTL > 0 {
+			req.TTL = c.TTL.String()
+		}
+		var out struct {
+			Hooks   []engine.Hook
+			Expires time.Time
+		}
+		path := map[bool]string{true: "/v1/ban", false: "/v1/unban"}[c.Add]
+		if err := api.Do("POST", path, req, &out); err != nil {
+			return nil, err
+		}
+		return &engine.ListChanged{Hooks: out.Hooks, Expires: out.Expires}, nil
+	}
+	fw, err := g.recovered()
+	if err != nil {
+		return nil, err
+	}
+	return fw.ChangeList(c)
 }

@@ -115,6 +115,45 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 	return res, nil
 }
 
+// RestoreChanges puts back live changes kept elsewhere (the daemon keeps
+// them across reboots, when /run is empty): the unexpired ones of lists
+// an applied policy uses that the namespace does not hold already. The
+// caller expires them (ServeExpiry). It returns how many it restored.
+func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
+	unlock, err := fw.lockVisible()
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	ops, err := fw.liveOps()
+	if err != nil {
+		return 0, err
+	}
+	touched, n := map[string]bool{}, 0
+	for _, op := range unexpired(saved, time.Now()) {
+		if users, _, err := fw.listUsers(op.List); err != nil || len(users) == 0 {
+			continue
+		}
+		if slices.ContainsFunc(ops, func(o policy.ListOp) bool {
+			return o.List == op.List && o.Prefix == op.Prefix && o.Add == op.Add && o.Expires.Equal(op.Expires)
+		}) {
+			continue
+		}
+		ops = append(ops, op)
+		touched[op.List] = true
+		n++
+	}
+	for list := range touched {
+		if _, err := fw.refreshOverlays(ops, list); err != nil {
+			return 0, err
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return n, fw.saveOps(ops)
+}
+
 // Changes lists the live changes of the namespace, oldest first.
 func (fw *Firewall) Changes() ([]policy.ListOp, error) {
 	unlock, err := fw.lock()
@@ -310,6 +349,26 @@ func (fw *Firewall) ensureExpirer() error {
 // RunExpiry expires list changes as their TTLs run out, until none with a
 // TTL is left or ctx ends. One runs per namespace; a second returns at once.
 func (fw *Firewall) RunExpiry(ctx context.Context, logf func(error)) error {
+	return fw.expiry(ctx, logf, false)
+}
+
+// ServeExpiry is RunExpiry for the daemon: it holds the expiry until ctx
+// ends, so that no separate process is started while it runs (it waits for
+// one already running to finish).
+func (fw *Firewall) ServeExpiry(ctx context.Context, logf func(error)) error {
+	for ctx.Err() == nil {
+		if err := fw.expiry(ctx, logf, true); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second): // another expirer held it
+		}
+	}
+	return nil
+}
+
+func (fw *Firewall) expiry(ctx context.Context, logf func(error), forever bool) error {
 	f, ok, err := tryLock(fw.expirerLock())
 	if err != nil || !ok {
 		return err
@@ -324,7 +383,7 @@ func (fw *Firewall) RunExpiry(ctx context.Context, logf func(error)) error {
 		if err != nil && logf != nil {
 			logf(err)
 		}
-		if !more {
+		if !more && !forever {
 			unlock()
 			return nil
 		}

@@ -269,6 +269,7 @@ func (p *parser) lists(n *yaml.Node, pol *Policy) error {
 				if !filepath.IsAbs(file) {
 					file = filepath.Join(p.dir, file)
 				}
+				pol.ListFiles = append(pol.ListFiles, file)
 				if err := b.readFile(file, family, p.opt); err != nil {
 					var le *Error
 					if errors.As(err, &le) {

@@ -164,10 +164,11 @@ func FormatTCPFlags(on, off uint8) string {
 
 // Policy is a validated rules file with its lists resolved.
 type Policy struct {
-	File    string
-	Lists   map[string]*List
-	Rules   []Rule
-	Default Action
+	File      string
+	ListFiles []string // the list files read, as paths the policy file's directory anchors
+	Lists     map[string]*List
+	Rules     []Rule
+	Default   Action
 	// Unparsed decides a frame whose verdict hangs on fields it does not
 	// carry (see Eval). Drop unless the policy says otherwise: a flood
 	// defence must not let a crafted frame around a drop rule, and the

@@ -1,0 +1,227 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// BanRequest adds (ban) or removes (unban) addresses or prefixes of a list,
+// for TTL when it is set.
+type BanRequest struct {
+	List     string   `json:"list"`
+	Prefixes []string `json:"prefixes"`
+	TTL      string   `json:"ttl,omitempty"` // a Go duration: "10m"
+}
+
+// apiHandler is the local API: root-only by the socket's permissions.
+//
+//	POST /v1/ban, /v1/unban  BanRequest → {"hooks": […], "expires": …}
+//	POST /v1/revert          {"list": L, "prefixes": […]} → the changes removed
+//	GET  /v1/changes         the live list changes
+//	GET  /v1/status          hooks and the last reload
+//	GET  /v1/stats           every counter
+func (d *Daemon) apiHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/ban", func(w http.ResponseWriter, r *http.Request) { d.change(w, r, true) })
+	mux.HandleFunc("POST /v1/unban", func(w http.ResponseWriter, r *http.Request) { d.change(w, r, false) })
+	mux.HandleFunc("POST /v1/revert", func(w http.ResponseWriter, r *http.Request) {
+		var req BanRequest
+		prefixes, _, err := decodeBan(r, &req)
+		if err != nil {
+			reply(w, nil, err)
+			return
+		}
+		d.mu.Lock()
+		removed, err := d.fw.RevertList(req.List, prefixes)
+		d.mu.Unlock()
+		d.persistChanges()
+		reply(w, map[string]any{"removed": nonNil(removed)}, err)
+	})
+	mux.HandleFunc("GET /v1/changes", func(w http.ResponseWriter, r *http.Request) {
+		ops, err := d.fw.Changes()
+		reply(w, map[string]any{"changes": nonNil(ops)}, err)
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		hooks, err := d.fw.Status()
+		d.mu.Lock()
+		st := map[string]any{"hooks": hooks, "policy": d.opt.PolicyFile, "generation": d.generation,
+			"last_reload": d.lastReload, "last_reload_ok": d.lastOK, "last_reload_error": d.lastError,
+			"reloads": map[string]int{"success": d.reloads[true], "failure": d.reloads[false]}}
+		d.mu.Unlock()
+		reply(w, st, err)
+	})
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
+		snap, err := d.fw.Stats()
+		reply(w, snap, err)
+	})
+	return mux
+}
+
+func nonNil(ops []policy.ListOp) []policy.ListOp {
+	if ops == nil {
+		return []policy.ListOp{}
+	}
+	return ops
+}
+
+func decodeBan(r *http.Request, req *BanRequest) ([]netip.Prefix, time.Duration, error) {
+	if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20)).Decode(req); err != nil {
+		return nil, 0, fmt.Errorf("request body: %w", err)
+	}
+	var prefixes []netip.Prefix
+	for _, s := range req.Prefixes {
+		p, err := policy.ParsePrefix(s)
+		if err != nil {
+			return nil, 0, fmt.Errorf("prefix %q: %w", s, err)
+		}
+		prefixes = append(prefixes, p)
+	}
+	var ttl time.Duration
+	if req.TTL != "" {
+		var err error
+		if ttl, err = time.ParseDuration(req.TTL); err != nil || ttl <= 0 {
+			return nil, 0, fmt.Errorf("ttl %q: a positive duration such as 10m", req.TTL)
+		}
+	}
+	return prefixes, ttl, nil
+}
+
+func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
+	var req BanRequest
+	prefixes, ttl, err := decodeBan(r, &req)
+	if err == nil && (req.List == "" || len(prefixes) == 0) {
+		err = errors.New("list and prefixes are required")
+	}
+	if err != nil {
+		reply(w, nil, err)
+		return
+	}
+	d.mu.Lock()
+	res, err := d.fw.ChangeList(engine.ListChange{List: req.List, Prefixes: prefixes, Add: add, TTL: ttl})
+	d.mu.Unlock()
+	d.persistChanges()
+	if err != nil {
+		reply(w, nil, err)
+		return
+	}
+	out := map[string]any{"hooks": res.Hooks}
+	if !res.Expires.IsZero() {
+		out["expires"] = res.Expires
+	}
+	reply(w, out, nil)
+}
+
+func reply(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		w.WriteHeader(http.StatusBadRequest)
+		json.NewEncoder(w).Encode(map[string]string{"error": err.Error()})
+		return
+	}
+	json.NewEncoder(w).Encode(v)
+}
+
+// Client talks to a running service's API.
+type Client struct{ http http.Client }
+
+// Dial returns a client for the API socket, or nil when no service
+// answers there.
+func Dial(socket string) *Client {
+	if _, err := os.Stat(socket); err != nil {
+		return nil
+	}
+	c := &Client{http: http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
+	}}}}
+	resp, err := c.http.Get("http://rampart/v1/status")
+	if err != nil {
+		return nil
+	}
+	resp.Body.Close()
+	return c
+}
+
+// Do sends a request and decodes the answer into out.
+func (c *Client) Do(method, path string, in, out any) error {
+	var body strings.Builder
+	if in != nil {
+		json.NewEncoder(&body).Encode(in)
+	}
+	req, err := http.NewRequest(method, "http://rampart"+path, strings.NewReader(body.String()))
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("rampart serve's API: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error string }
+		json.NewDecoder(resp.Body).Decode(&e)
+		return errors.New(e.Error)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// The live list changes are kept under PersistDir too: /run (and the pins)
+// are empty after a reboot, and the unexpired bans must come back.
+func (d *Daemon) persistPath() string { return filepath.Join(d.opt.PersistDir, "list-changes.json") }
+
+func (d *Daemon) persistChanges() {
+	if d.opt.PersistDir == "" {
+		return
+	}
+	ops, err := d.fw.Changes()
+	if err == nil {
+		err = os.MkdirAll(d.opt.PersistDir, 0o700)
+	}
+	if err == nil {
+		var b []byte
+		b, err = json.Marshal(nonNil(ops))
+		tmp := d.persistPath() + ".tmp"
+		if err == nil {
+			err = os.WriteFile(tmp, b, 0o600)
+		}
+		if err == nil {
+			err = os.Rename(tmp, d.persistPath())
+		}
+	}
+	if err != nil {
+		d.log.Error("keep live list changes", "dir", d.opt.PersistDir, "err", err)
+	}
+}
+
+func (d *Daemon) restoreChanges() error {
+	if d.opt.PersistDir == "" {
+		return nil
+	}
+	b, err := os.ReadFile(d.persistPath())
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var ops []policy.ListOp
+	if err := json.Unmarshal(b, &ops); err != nil {
+		return fmt.Errorf("%s: %w", d.persistPath(), err)
+	}
+	n, err := d.fw.RestoreChanges(ops)
+	if n > 0 {
+		d.log.Info("live list changes restored", "changes", n, "from", d.persistPath())
+	}
+	return err
+}

@@ -1,0 +1,145 @@
+package serve
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rampart-fw/rampart/internal/engine"
+)
+
+// collector reads the engine on every scrape: counters are the kernel's
+// (carried across swaps by the engine), never a copy that could lag or
+// reset. No label holds an address or a port.
+type collector struct{ d *Daemon }
+
+var (
+	ruleLabels     = []string{"rule", "action", "iface", "direction"}
+	descPackets    = prometheus.NewDesc("rampart_rule_packets_total", "Packets that took a rule's verdict (slots default, unparsed, malformed and non-ip too), since the policy was first applied on the hook.", ruleLabels, nil)
+	descBytes      = prometheus.NewDesc("rampart_rule_bytes_total", "Bytes of the packets that took a rule's verdict.", ruleLabels, nil)
+	descOver       = prometheus.NewDesc("rampart_limit_over_total", "Packets over a limit rule's rate (dropped by it).", ruleLabels, nil)
+	descCookies    = prometheus.NewDesc("rampart_syncookies_total", "SYN cookies sent, and ACKs that carried a valid or an invalid one.", append(ruleLabels, "event"), nil)
+	descListSize   = prometheus.NewDesc("rampart_list_entries", "Entries read from a list's files and prefixes, before merging.", []string{"list", "family"}, nil)
+	descGeneration = prometheus.NewDesc("rampart_policy_generation", "Generation of the policy the service applied last.", nil, nil)
+	descReloads    = prometheus.NewDesc("rampart_reloads_total", "Reloads of the policy by result.", []string{"result"}, nil)
+	descLastReload = prometheus.NewDesc("rampart_last_reload_timestamp_seconds", "When the policy was last (re)loaded.", nil, nil)
+	descLastOK     = prometheus.NewDesc("rampart_last_reload_success", "1 if the last reload applied, 0 if it failed and the previous policy runs.", nil, nil)
+	descMode       = prometheus.NewDesc("rampart_attached", "A hook rampart runs on: 1 if its program is attached.", []string{"iface", "direction", "mode"}, nil)
+	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of an interface's live program.", []string{"iface", "direction"}, nil)
+	descScrapeErr  = prometheus.NewDesc("rampart_scrape_errors", "Errors reading the engine during this scrape.", nil, nil)
+)
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	prometheus.DescribeByCollect(c, ch)
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	errs := 0
+	snap, err := d.fw.Stats()
+	if err != nil {
+		errs++
+		d.log.Error("metrics: counters", "err", err)
+	}
+	for _, r := range snap.Rows {
+		l := []string{r.Name, r.Action, r.Iface, r.Direction}
+		ch <- prometheus.MustNewConstMetric(descPackets, prometheus.CounterValue, float64(r.Packets), l...)
+		ch <- prometheus.MustNewConstMetric(descBytes, prometheus.CounterValue, float64(r.Bytes), l...)
+		if r.Kind == "rule" && r.Action == "limit" {
+			ch <- prometheus.MustNewConstMetric(descOver, prometheus.CounterValue, float64(r.Over), l...)
+		}
+		if r.Kind == "rule" && r.Action == "syncookie" {
+			ch <- prometheus.MustNewConstMetric(descCookies, prometheus.CounterValue, float64(r.CookiesSent), append(l, "sent")...)
+			ch <- prometheus.MustNewConstMetric(descCookies, prometheus.CounterValue, float64(r.CookiesOK), append(l, "valid")...)
+			ch <- prometheus.MustNewConstMetric(descCookies, prometheus.CounterValue, float64(r.CookiesBad), append(l, "invalid")...)
+		}
+	}
+	hooks, err := d.fw.Status()
+	if err != nil {
+		errs++
+		d.log.Error("metrics: status", "err", err)
+	}
+	for _, h := range hooks {
+		ch <- prometheus.MustNewConstMetric(descMode, prometheus.GaugeValue, boolf(h.Attached), h.Iface, h.Direction, string(h.Mode))
+		if mem, err := d.tableMemory(engine.Hook{Iface: h.Iface, Egress: h.Direction == "egress"}); err == nil {
+			ch <- prometheus.MustNewConstMetric(descMemory, prometheus.GaugeValue, float64(mem), h.Iface, h.Direction)
+		}
+	}
+	d.mu.Lock()
+	if d.policy != nil {
+		for _, name := range d.policy.ListNames() {
+			l := d.policy.Lists[name]
+			ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(len(l.V4)), name, "4")
+			ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(len(l.V6)), name, "6")
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(descGeneration, prometheus.GaugeValue, float64(d.generation))
+	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(d.reloads[true]), "success")
+	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(d.reloads[false]), "failure")
+	ch <- prometheus.MustNewConstMetric(descLastReload, prometheus.GaugeValue, float64(d.lastReload.UnixNano())/float64(time.Second))
+	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(d.lastOK))
+	d.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, float64(errs))
+}
+
+func boolf(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// metricsHandler serves /metrics: rampart's collector and the Go and
+// process collectors.
+func (d *Daemon) metricsHandler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collector{d}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{d}}))
+	return mux
+}
+
+type slogAdapter struct{ d *Daemon }
+
+func (s slogAdapter) Println(v ...any) { s.d.log.Error("metrics", "err", v) }
+
+// tableMemory is the memory the kernel accounts to the maps of the
+// program a hook runs (memlock in each map's fdinfo).
+func (d *Daemon) tableMemory(h engine.Hook) (uint64, error) {
+	prog, err := d.fw.Program(h)
+	if err != nil {
+		return 0, err
+	}
+	defer prog.Close()
+	info, err := prog.Info()
+	if err != nil {
+		return 0, err
+	}
+	ids, _ := info.MapIDs()
+	var total uint64
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", m.FD()))
+		m.Close()
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "memlock:"); ok {
+				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				total += n
+			}
+		}
+	}
+	return total, nil
+}

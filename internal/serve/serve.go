@@ -1,0 +1,278 @@
+// Package serve is rampart as a service: it holds the engine, applies the
+// policy at start and again whenever the policy or its lists change (or on
+// SIGHUP), expires live list changes, follows the interfaces over netlink,
+// keeps live list changes across reboots, and answers Prometheus and a
+// local ban API.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// Options configure the daemon.
+type Options struct {
+	PolicyFile   string
+	Ifaces       []string
+	Mode         datapath.Mode
+	Egress       bool
+	Listen       string // Prometheus /metrics, "" for none
+	APISocket    string // the local API, "" for none
+	PersistDir   string // what outlives a reboot: live list changes
+	DetachOnExit bool
+	Reload       <-chan os.Signal // SIGHUP
+	Log          *slog.Logger
+	Ready        func() // called once serving
+}
+
+// Daemon is a running service.
+type Daemon struct {
+	fw  *engine.Firewall
+	opt Options
+	log *slog.Logger
+
+	mu         sync.Mutex // one apply or list change at a time
+	generation int
+	reloads    map[bool]int // by result
+	lastReload time.Time
+	lastOK     bool
+	lastError  string
+	policy     *policy.Policy
+}
+
+// Run serves until ctx ends.
+func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
+	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}}
+	if d.log == nil {
+		d.log = slog.Default()
+	}
+	if err := d.reload("start"); err != nil {
+		return err // nothing runs yet: a bad policy at start is fatal
+	}
+	if err := d.restoreChanges(); err != nil {
+		d.log.Error("restore live list changes", "err", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	var servers []*http.Server
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+		wg.Wait()
+	}()
+	if opt.Listen != "" {
+		ln, err := net.Listen("tcp", opt.Listen)
+		if err != nil {
+			return fmt.Errorf("--listen %s: %w", opt.Listen, err)
+		}
+		s := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, s)
+		wg.Go(func() { s.Serve(ln) })
+	}
+	if opt.APISocket != "" {
+		ln, err := listenUnix(opt.APISocket)
+		if err != nil {
+			return err
+		}
+		s := &http.Server{Handler: d.apiHandler(), ReadHeaderTimeout: 5 * time.Second}
+		servers = append(servers, s)
+		wg.Go(func() { s.Serve(ln); os.Remove(opt.APISocket) })
+	}
+	watch, err := d.watcher()
+	if err != nil {
+		return err
+	}
+	defer watch.Close()
+	links := make(chan netlink.LinkUpdate, 64)
+	linkDone := make(chan struct{})
+	defer close(linkDone)
+	var subOpt netlink.LinkSubscribeOptions
+	if ns := fw.Netns(); ns != "" {
+		h, err := netns.GetFromName(ns)
+		if err != nil {
+			return fmt.Errorf("namespace %s: %w", ns, err)
+		}
+		defer h.Close()
+		subOpt.Namespace = &h
+	}
+	if err := netlink.LinkSubscribeWithOptions(links, linkDone, subOpt); err != nil {
+		return fmt.Errorf("follow interfaces over netlink: %w", err)
+	}
+	wg.Go(func() {
+		if err := fw.ServeExpiry(ctx, func(err error) { d.log.Error("expire list changes", "err", err) }); err != nil {
+			d.log.Error("expire list changes", "err", err)
+		}
+	})
+	if opt.Ready != nil {
+		opt.Ready()
+	}
+	d.log.Info("serving", "policy", opt.PolicyFile, "ifaces", opt.Ifaces, "metrics", opt.Listen, "api", opt.APISocket)
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return d.stop()
+		case <-opt.Reload:
+			d.reload("SIGHUP")
+		case ev, ok := <-watch.Events:
+			if !ok {
+				return errors.New("file watcher closed")
+			}
+			if d.watched(ev.Name) {
+				debounce = time.After(200 * time.Millisecond) // an editor writes in several steps
+			}
+		case err := <-watch.Errors:
+			d.log.Error("watch files", "err", err)
+		case <-debounce:
+			debounce = nil
+			d.reload("file changed")
+			d.rewatch(watch)
+		case u := <-links:
+			d.link(u)
+		}
+	}
+}
+
+// reload loads the policy and applies it on every interface, all or
+// nothing: a bad file is logged with its file and line, counted, and the
+// running policy stays.
+func (d *Daemon) reload(why string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	start := time.Now()
+	pol, err := policy.Load(d.opt.PolicyFile, policy.Options{})
+	var res *engine.ApplyResult
+	if err == nil {
+		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
+	}
+	d.lastReload, d.lastOK = time.Now(), err == nil
+	d.reloads[err == nil]++
+	if err != nil {
+		d.lastError = err.Error()
+		d.log.Error("reload failed: the running policy stays", "why", why, "err", err)
+		return err
+	}
+	d.lastError, d.policy = "", pol
+	for _, a := range res.Applied {
+		d.generation = max(d.generation, a.Generation)
+	}
+	d.log.Info("policy applied", "why", why, "rules", len(pol.Rules), "lists", len(pol.Lists), "generation", d.generation, "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+// watcher watches the directories of the policy and its list files: an
+// editor or a deploy tool replaces a file by renaming another over it,
+// which a watch on the file itself would lose.
+func (d *Daemon) watcher() (*fsnotify.Watcher, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("watch files (inotify): %w", err)
+	}
+	d.rewatch(w)
+	return w, nil
+}
+
+func (d *Daemon) files() []string {
+	files := []string{d.opt.PolicyFile}
+	d.mu.Lock()
+	if d.policy != nil {
+		files = append(files, d.policy.ListFiles...)
+	}
+	d.mu.Unlock()
+	for i, f := range files {
+		if abs, err := filepath.Abs(f); err == nil {
+			files[i] = abs
+		}
+	}
+	return files
+}
+
+func (d *Daemon) rewatch(w *fsnotify.Watcher) {
+	for _, f := range d.files() {
+		dir := filepath.Dir(f)
+		if !slices.Contains(w.WatchList(), dir) {
+			if err := w.Add(dir); err != nil {
+				d.log.Error("watch", "dir", dir, "err", err)
+			}
+		}
+	}
+}
+
+func (d *Daemon) watched(name string) bool {
+	abs, err := filepath.Abs(name)
+	return err == nil && slices.Contains(d.files(), abs)
+}
+
+// link follows an interface of the service: one that disappears is
+// reported; one that comes back (a new index under the same name) gets
+// the policy again.
+func (d *Daemon) link(u netlink.LinkUpdate) {
+	name := u.Attrs().Name
+	if !slices.Contains(d.opt.Ifaces, name) {
+		return
+	}
+	switch u.Header.Type {
+	case unix.RTM_DELLINK:
+		d.log.Warn("interface disappeared: nothing filters it until it comes back", "iface", name)
+	case unix.RTM_NEWLINK:
+		d.mu.Lock()
+		done, err := d.fw.Reattach([]string{name})
+		d.mu.Unlock()
+		if err != nil {
+			d.log.Error("reattach", "iface", name, "err", err)
+		}
+		for _, a := range done {
+			d.log.Info("interface back: policy attached again", "iface", name, "hook", a.Hook.String(), "generation", a.Generation)
+		}
+	}
+}
+
+// stop leaves the filter running unless told to detach.
+func (d *Daemon) stop() error {
+	d.persistChanges()
+	if !d.opt.DetachOnExit {
+		d.log.Info("stopping; the filter keeps running (rampart detach removes it)")
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, err := d.fw.Detach(d.opt.Ifaces)
+	d.log.Info("stopped and detached", "ifaces", d.opt.Ifaces, "err", err)
+	return err
+}
+
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("API socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
