@@ -1,10 +1,14 @@
 # rampart: the generated BPF objects are committed, so `build` needs Go only.
 GO ?= go
 
-.PHONY: build generate check-generated test lint
+.PHONY: build generate check-generated test lint deb
 
 build:
 	$(GO) build -o rampart ./cmd/rampart
+
+# A Debian package in out/ (scripts/deb.sh says what it holds).
+deb:
+	bash scripts/deb.sh
 
 # The compiler the committed objects were built with: another version emits
 # other bytes, and check-generated would fail for no fault of bpf/.

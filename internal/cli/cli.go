@@ -86,6 +86,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		tuneCmd(g),
 		proxyCmd(g),
 		serveCmd(g),
+		genManCmd(g),
 	)
 	return root
 }

@@ -1,10 +1,12 @@
 package cli_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -175,6 +177,9 @@ func TestServe(t *testing.T) {
 		t.Error("promtool is needed (Debian package prometheus; scripts/setup.sh installs it)")
 	}
 
+	// A real Prometheus server scrapes the service and answers a query.
+	queryPrometheus(t, port, `rampart_rule_packets_total{rule="block"}`, 40)
+
 	// The interface deleted and created again: attached within a second.
 	testutil.Run(t, "ip", "-n", p.NsB, "link", "del", p.IfB)
 	testutil.Run(t, "ip", "-n", p.NsA, "link", "add", p.IfA, "type", "veth", "peer", "name", p.IfB, "netns", p.NsB)
@@ -219,4 +224,52 @@ func TestServe(t *testing.T) {
 	if len(changes.Changes) != 1 || changes.Changes[0].Prefix != "198.51.100.7/32" {
 		t.Errorf("after the restart the live changes are %+v, want the 1 h ban back", changes.Changes)
 	}
+}
+
+// queryPrometheus runs prometheus scraping 127.0.0.1:port every second and
+// waits until its query API gives query a value of at least want.
+func queryPrometheus(t *testing.T, port int, query string, want float64) {
+	t.Helper()
+	bin, err := exec.LookPath("prometheus")
+	if err != nil {
+		t.Fatal("prometheus is needed (Debian package prometheus; scripts/setup.sh installs it)")
+	}
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "prometheus.yml")
+	os.WriteFile(conf, []byte(fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: rampart\n    static_configs: [{targets: ['127.0.0.1:%d']}]\n", port)), 0o644)
+	web := freePort(t)
+	cmd := exec.Command(bin, "--config.file", conf, "--storage.tsdb.path", filepath.Join(dir, "data"), "--web.listen-address", fmt.Sprintf("127.0.0.1:%d", web))
+	var log strings.Builder
+	cmd.Stderr = &syncWriter{w: &log}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	u := fmt.Sprintf("http://127.0.0.1:%d/api/v1/query?query=%s", web, url.QueryEscape(query))
+	var last string
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
+		resp, err := http.Get(u)
+		if err != nil {
+			continue
+		}
+		var r struct {
+			Data struct {
+				Result []struct {
+					Value [2]any `json:"value"`
+				} `json:"result"`
+			} `json:"data"`
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		last = string(b)
+		if json.Unmarshal(b, &r) == nil && len(r.Data.Result) == 1 {
+			if s, ok := r.Data.Result[0].Value[1].(string); ok {
+				if v, _ := strconv.ParseFloat(s, 64); v >= want {
+					t.Logf("prometheus: %s = %v", query, v)
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("prometheus never answered %s ≥ %v; last answer %s\n%s", query, want, last, log.String())
 }
