@@ -26,7 +26,7 @@ var (
 	descBytes      = prometheus.NewDesc("rampart_rule_bytes_total", "Bytes of the packets that took a rule's verdict.", ruleLabels, nil)
 	descOver       = prometheus.NewDesc("rampart_limit_over_total", "Packets over a limit rule's rate (dropped by it).", ruleLabels, nil)
 	descCookies    = prometheus.NewDesc("rampart_syncookies_total", "SYN cookies sent, and ACKs that carried a valid or an invalid one.", append(ruleLabels, "event"), nil)
-	descListSize   = prometheus.NewDesc("rampart_list_entries", "Entries read from a list's files and prefixes, before merging.", []string{"list", "family"}, nil)
+	descListSize   = prometheus.NewDesc("rampart_list_entries", "Ranges of a list after merging, by family.", []string{"list", "family"}, nil)
 	descGeneration = prometheus.NewDesc("rampart_policy_generation", "Generation of the policy the service applied last.", nil, nil)
 	descReloads    = prometheus.NewDesc("rampart_reloads_total", "Reloads of the policy by result.", []string{"result"}, nil)
 	descLastReload = prometheus.NewDesc("rampart_last_reload_timestamp_seconds", "When the policy was last (re)loaded.", nil, nil)
@@ -73,12 +73,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	d.mu.Lock()
-	if d.policy != nil {
-		for _, name := range d.policy.ListNames() {
-			l := d.policy.Lists[name]
-			ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(len(l.V4)), name, "4")
-			ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(len(l.V6)), name, "6")
-		}
+	for name, n := range d.listSizes {
+		ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(n[0]), name, "4")
+		ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(n[1]), name, "6")
 	}
 	ch <- prometheus.MustNewConstMetric(descGeneration, prometheus.GaugeValue, float64(d.generation))
 	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(d.reloads[true]), "success")

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -55,7 +56,10 @@ type Daemon struct {
 	lastReload time.Time
 	lastOK     bool
 	lastError  string
-	policy     *policy.Policy
+	// What the service keeps of the policy it applied: not the policy,
+	// whose lists the kernel holds (millions of entries).
+	listFiles []string
+	listSizes map[string][2]int // entries by family
 }
 
 // Run serves until ctx ends.
@@ -139,7 +143,7 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 				return errors.New("file watcher closed")
 			}
 			if d.watched(ev.Name) {
-				debounce = time.After(200 * time.Millisecond) // an editor writes in several steps
+				debounce = time.After(100 * time.Millisecond) // an editor writes in several steps
 			}
 		case err := <-watch.Errors:
 			d.log.Error("watch files", "err", err)
@@ -172,7 +176,11 @@ func (d *Daemon) reload(why string) error {
 		d.log.Error("reload failed: the running policy stays", "why", why, "err", err)
 		return err
 	}
-	d.lastError, d.policy = "", pol
+	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, map[string][2]int{}
+	for name, l := range pol.Lists {
+		d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}
+	}
+	defer debug.FreeOSMemory() // the parsed lists are garbage now: give them back
 	for _, a := range res.Applied {
 		d.generation = max(d.generation, a.Generation)
 	}
@@ -195,9 +203,7 @@ func (d *Daemon) watcher() (*fsnotify.Watcher, error) {
 func (d *Daemon) files() []string {
 	files := []string{d.opt.PolicyFile}
 	d.mu.Lock()
-	if d.policy != nil {
-		files = append(files, d.policy.ListFiles...)
-	}
+	files = append(files, d.listFiles...)
 	d.mu.Unlock()
 	for i, f := range files {
 		if abs, err := filepath.Abs(f); err == nil {
