@@ -241,7 +241,8 @@ proxy; rampart, HAProxy (source 0.0.0.0 usesrc clientip; no UDP) and
 nginx stream (proxy_bind $remote_addr transparent) connect from the
 client's address, checked at the backend. For rampart it also reads the
 proxy's resident memory at 1,000 sessions and at --sessions. Sessions are
-capped by the descriptor limit (RLIMIT_NOFILE less 2,000).`,
+capped by the descriptor limit (RLIMIT_NOFILE less 2,000), which it raises
+when it runs as root.`,
 		Example: "  rampart bench proxy --json > proxy.json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -58,7 +58,7 @@ func newProxyLab(t *testing.T) proxyLab {
 }
 
 const proxyYAML = `services:
-  - {name: web4, protocol: tcp, listen: "10.81.1.1:8080", backends: ["10.81.2.2:80"], health_interval: 500ms}
+  - {name: web4, protocol: tcp, listen: "10.81.1.1:8080", backends: ["10.81.2.2:80", "10.81.2.2:81"], health_interval: 200ms}
   - {name: web6, protocol: tcp, listen: "[fd81:1::1]:8080", backends: ["[fd81:2::2]:80"], health_interval: 500ms}
   - {name: echo4, protocol: udp, listen: "10.81.1.1:5300", backends: ["10.81.2.2:5353"], max_sessions: 200}
   - {name: echo6, protocol: udp, listen: "[fd81:1::1]:5300", backends: ["[fd81:2::2]:5353"]}
@@ -167,11 +167,22 @@ http {
 	os.WriteFile(cfg, []byte(proxyYAML), 0o644)
 	sock := filepath.Join(dir, "proxy.sock")
 	cmd := startProxy(t, l, cfg, sock)
+	// Nothing listens on the second web4 backend: the health check takes it
+	// out, and every request goes to the first.
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		st, err := proxy.ReadStatus(sock)
+		if err == nil && !st.Services[0].Backends[1].Healthy && st.Services[0].Backends[0].Healthy {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the dead backend is still taken as healthy: %+v", st)
+		}
+	}
 
 	check := func(how string) {
 		t.Helper()
 		os.Truncate(filepath.Join(dir, "access.log"), 0)
-		for _, c := range []struct{ url, client string }{{"http://10.81.1.1:8080/", "10.81.1.2"}, {"http://[fd81:1::1]:8080/", "fd81:1::2"}} {
+		for _, c := range []struct{ url, client string }{{"http://10.81.1.1:8080/", "10.81.1.2"}, {"http://10.81.1.1:8080/", "10.81.1.2"}, {"http://[fd81:1::1]:8080/", "fd81:1::2"}} {
 			body, err := httpGet(l.client, c.url)
 			if err != nil || body != "ok\n" {
 				t.Fatalf("%s: GET %s through the proxy: %q %v\n%s\n%s", how, c.url, body, err, testutil.Run(t, "ip", "-n", l.backend, "rule"), testutil.Run(t, "ip", "netns", "exec", l.backend, "nft", "list", "ruleset"))
@@ -219,7 +230,7 @@ http {
 	}
 
 	// Stopping leaves nothing; a SIGKILL leaves what the next start removes.
-	if got := proxyRouting(t, l.proxy); strings.Count(got, "lookup 7100") != 4 {
+	if got := proxyRouting(t, l.proxy); strings.Count(got, "lookup 7100") != 5 {
 		t.Fatalf("the proxy's routing while it runs:\n%s", got)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
@@ -230,11 +241,11 @@ http {
 	cmd = startProxy(t, l, cfg, sock)
 	cmd.Process.Kill()
 	cmd.Wait()
-	if got := proxyRouting(t, l.proxy); strings.Count(got, "lookup 7100") != 4 {
+	if got := proxyRouting(t, l.proxy); strings.Count(got, "lookup 7100") != 5 {
 		t.Fatalf("after SIGKILL, expected leftovers:\n%s", got)
 	}
 	cmd = startProxy(t, l, cfg, sock)
-	if got := proxyRouting(t, l.proxy); strings.Count(got, "lookup 7100") != 4 {
+	if got := proxyRouting(t, l.proxy); strings.Count(got, "lookup 7100") != 5 {
 		t.Errorf("a start after SIGKILL, want one set of rules:\n%s", got)
 	}
 	check("after a restart")

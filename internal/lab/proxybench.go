@@ -123,8 +123,16 @@ func (t *proxyTopo) close() {
 // BenchProxy measures each method in interleaved rounds, in a fresh
 // topology per round.
 func BenchProxy(ctx context.Context, o ProxyBenchOptions) (*ProxyBenchReport, error) {
+	// Every session is a descriptor of the proxy's: root may raise the
+	// limit the proxies inherit; else the sessions are capped by it.
 	var lim unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && int(lim.Max)-2000 < o.Sessions {
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && int(lim.Max) < o.Sessions+10000 {
+		want := uint64(o.Sessions + 10000)
+		if unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: want, Max: want}) == nil {
+			lim.Max = want
+		}
+	}
+	if int(lim.Max)-2000 < o.Sessions {
 		o.Sessions = max(int(lim.Max)-2000, 1000)
 	}
 	rep := &ProxyBenchReport{Host: thisHost(), Window: o.Window.String(), Rounds: o.Rounds, Sessions: o.Sessions}
