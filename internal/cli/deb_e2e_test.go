@@ -41,7 +41,7 @@ func TestDebPackage(t *testing.T) {
 	if out, err := exec.Command("dpkg-query", "-W", "rampart").CombinedOutput(); err == nil {
 		t.Fatalf("a rampart package is installed already (%s): this test installs and removes its own", strings.TrimSpace(string(out)))
 	}
-	build := exec.Command("make", "deb")
+	build := exec.Command("make", "--no-print-directory", "deb")
 	build.Dir = "../.."
 	out, err := build.CombinedOutput()
 	if err != nil {
