@@ -161,6 +161,14 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 // nothing: a bad file is logged with its file and line, counted, and the
 // running policy stays.
 func (d *Daemon) reload(why string) error {
+	err := d.reloadLocked(why)
+	// The parsed lists are garbage now (the kernel holds the tables): give
+	// them back, outside the lock so that scrapes do not wait for it.
+	debug.FreeOSMemory()
+	return err
+}
+
+func (d *Daemon) reloadLocked(why string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	start := time.Now()
@@ -180,7 +188,6 @@ func (d *Daemon) reload(why string) error {
 	for name, l := range pol.Lists {
 		d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}
 	}
-	defer debug.FreeOSMemory() // the parsed lists are garbage now: give them back
 	for _, a := range res.Applied {
 		d.generation = max(d.generation, a.Generation)
 	}
