@@ -197,3 +197,21 @@ func progID(t *testing.T, p *ebpf.Program) ebpf.ProgramID {
 	id, _ := info.ID()
 	return id
 }
+
+// TestProxyInputErrors: bad proxy input names the flag, or the file and
+// line, and starts nothing.
+func TestProxyInputErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--listen", "192.0.2.1:99999", "--backend", "192.0.2.2:80"}, `--listen "192.0.2.1:99999": port "99999" is not from 1 to 65535`},
+		{[]string{"proxy", "--listen", "192.0.2.1:80", "--backend", "[2001:db8::1]:80"}, "--backend [2001:db8::1]:80 is IPv6 and the service listens on IPv4"},
+		{[]string{"proxy", "-f", writeFile(t, "p.yaml", "services:\n  - name: a\n    listen: 192.0.2.1:80\n    backends: [192.0.2.2:80]\n    colour: red\n")}, `p.yaml:5: service: unknown key "colour"`},
+		{[]string{"proxy"}, "-f FILE, or --listen and --backend, is required"},
+	} {
+		if _, err := rampart(t, c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rampart %v: %v, want %q", c.args, err, c.want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/proxy"
 )
 
@@ -66,6 +67,11 @@ The file:
 				text := fmt.Sprintf("services:\n  - name: %s\n    protocol: %s\n    listen: %q\n    backends: [%q]\n", proto, proto, listen, backend)
 				var err error
 				if cfg, err = proxy.Parse("--listen/--backend", []byte(text)); err != nil {
+					// Name the flag, not a line of the text built from them.
+					var pe *policy.Error
+					if flag := map[string]string{"listen": "--listen", "backends": "--backend"}[fieldOf(err, &pe)]; flag != "" {
+						return fmt.Errorf("%s %s", flag, pe.Msg)
+					}
 					return err
 				}
 			default:
@@ -177,4 +183,12 @@ the mark. Both use table --table via --proxy. --undo removes it.`,
 	c.Flags().IntVar(&table, "table", proxy.DefaultTable, "routing table (and rule priority)")
 	c.Flags().BoolVar(&undo, "undo", false, "remove the return routing")
 	return c
+}
+
+// fieldOf is the field a policy.Error names ("" for other errors).
+func fieldOf(err error, pe **policy.Error) string {
+	if errors.As(err, pe) {
+		return (*pe).Field
+	}
+	return ""
 }
