@@ -26,10 +26,11 @@ check-generated: generate
 	  (echo "bpf/ and the committed objects disagree: run make generate and commit" >&2; exit 1)
 
 # The whole suite: formatting, tidy modules and vet, generated objects up to date, then every
-# test tier. Privileged tiers need root; with RAMPART_REQUIRE_PRIVILEGED=1 they
+# test tier; the delay line's transfers last, alone on the CPUs. Privileged tiers need root; with RAMPART_REQUIRE_PRIVILEGED=1 they
 # fail instead of skipping.
 test: lint check-generated
 	$(GO) test -count=1 ./...
+	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run TestDelayLine -v ./internal/tune
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

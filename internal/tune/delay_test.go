@@ -83,6 +83,12 @@ func (d *delayLine) relay(from, to *os.File) {
 // connection must reach 90% of the cap after.
 func TestDelayLine(t *testing.T) {
 	testutil.Privileged(t)
+	// Rates through a relay in user space are only what the line gives
+	// when nothing else competes for the CPUs: make test runs this test on
+	// its own, after the other packages.
+	if os.Getenv("RAMPART_DELAY_LINE") == "" {
+		t.Skip("measured alone: make test runs it after the other packages (RAMPART_DELAY_LINE=1)")
+	}
 	const capRate = 100e6 / 8
 	for _, rtt := range []time.Duration{20 * time.Millisecond, 60 * time.Millisecond, 200 * time.Millisecond} {
 		t.Run(rtt.String(), func(t *testing.T) {
