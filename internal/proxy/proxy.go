@@ -11,13 +11,14 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/unixhttp"
 )
 
 // backend is one backend of a service and its state.
@@ -280,16 +281,8 @@ func (p *Proxy) Status() Status {
 
 // serveStatus answers GET /status on a unix socket only root can open.
 func (p *Proxy) serveStatus(path string) (func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	os.Remove(path)
-	ln, err := net.Listen("unix", path)
+	ln, err := unixhttp.Listen(path)
 	if err != nil {
-		return nil, fmt.Errorf("status socket: %w", err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
 		return nil, err
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -303,10 +296,7 @@ func (p *Proxy) serveStatus(path string) (func(), error) {
 // ReadStatus asks a running proxy for its status.
 func ReadStatus(path string) (Status, error) {
 	var st Status
-	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", path)
-	}}}
-	resp, err := c.Get("http://proxy/status")
+	resp, err := unixhttp.Client(path, 5*time.Second).Get("http://proxy/status")
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
 			return st, fmt.Errorf("no proxy answers on %s: is rampart proxy running (with this --status)?", path)

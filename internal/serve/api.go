@@ -1,11 +1,9 @@
 package serve
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/unixhttp"
 )
 
 // BanRequest adds (ban) or removes (unban) addresses or prefixes of a list,
@@ -134,7 +133,7 @@ func reply(w http.ResponseWriter, v any, err error) {
 }
 
 // Client talks to a running service's API.
-type Client struct{ http http.Client }
+type Client struct{ http *http.Client }
 
 // Dial returns a client for the API socket, or nil when no service
 // answers there.
@@ -142,9 +141,7 @@ func Dial(socket string) *Client {
 	if _, err := os.Stat(socket); err != nil {
 		return nil
 	}
-	c := &Client{http: http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", socket)
-	}}}}
+	c := &Client{http: unixhttp.Client(socket, 30*time.Second)}
 	resp, err := c.http.Get("http://rampart/v1/status")
 	if err != nil {
 		return nil

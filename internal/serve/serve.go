@@ -27,6 +27,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/unixhttp"
 )
 
 // Options configure the daemon.
@@ -94,7 +95,7 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 		wg.Go(func() { s.Serve(ln) })
 	}
 	if opt.APISocket != "" {
-		ln, err := listenUnix(opt.APISocket)
+		ln, err := unixhttp.Listen(opt.APISocket)
 		if err != nil {
 			return err
 		}
@@ -272,20 +273,4 @@ func (d *Daemon) stop() error {
 	_, err := d.fw.Detach(d.opt.Ifaces)
 	d.log.Info("stopped and detached", "ifaces", d.opt.Ifaces, "err", err)
 	return err
-}
-
-func listenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, err
-	}
-	os.Remove(path)
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("API socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, err
-	}
-	return ln, nil
 }

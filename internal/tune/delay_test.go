@@ -24,7 +24,6 @@ import (
 // has no netem); a tbf on a TUN device caps the rate.
 type delayLine struct {
 	a, b   *os.File
-	stop   chan struct{}
 	wg     sync.WaitGroup
 	oneWay time.Duration
 }
@@ -93,7 +92,7 @@ func TestDelayLine(t *testing.T) {
 	for _, rtt := range []time.Duration{20 * time.Millisecond, 60 * time.Millisecond, 200 * time.Millisecond} {
 		t.Run(rtt.String(), func(t *testing.T) {
 			p := testutil.NewPair(t) // two namespaces; their veth is not used
-			d := &delayLine{oneWay: rtt / 2, stop: make(chan struct{})}
+			d := &delayLine{oneWay: rtt / 2}
 			d.a, d.b = openTun(t, p.NsA, "dla"), openTun(t, p.NsB, "dlb")
 			s, err := ReadTCP("/")
 			if err != nil {

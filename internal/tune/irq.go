@@ -15,7 +15,6 @@ type Side struct {
 	CPUs   string   `json:"cpus"`
 	Nodes  []int    `json:"nodes"`
 	Queues int      `json:"queues"` // queues with interrupts
-	cpus   CPUSet
 }
 
 // Assignment is one queue interrupt's CPUs.
@@ -91,7 +90,7 @@ func queuesWithIRQs(n NIC) int {
 }
 
 func (p *IRQPlan) side(m *Machine, name string, nics []NIC, cpus CPUSet) Side {
-	s := Side{CPUs: cpus.List(), cpus: cpus, Nodes: []int{}}
+	s := Side{CPUs: cpus.List(), Nodes: []int{}}
 	byID := map[int]CPU{}
 	for _, c := range m.CPUs {
 		byID[c.ID] = c

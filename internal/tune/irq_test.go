@@ -289,8 +289,7 @@ func equalMaps(a, b map[string]string) bool {
 		return false
 	}
 	for k, v := range a {
-		// Restored masks are written as "0" where the tree had words of
-		// zeros: the same set.
+		// Compared as CPU sets: the kernel pads masks and merges lists.
 		x, _ := ParseCPUMask(v)
 		y, _ := ParseCPUMask(b[k])
 		if strings.Contains(k, "smp_affinity_list") {

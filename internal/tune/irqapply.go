@@ -197,11 +197,7 @@ func restartIrqbalance(root, verb string) error {
 func restore(root string, ws []Write) error {
 	var errs []error
 	for _, w := range slices.Backward(ws) {
-		v := w.Before
-		if w.Mask && strings.Trim(v, "0,") == "" {
-			v = "0"
-		}
-		if err := os.WriteFile(filepath.Join(root, w.Path), []byte(v+"\n"), 0); err != nil && !os.IsNotExist(err) {
+		if err := os.WriteFile(filepath.Join(root, w.Path), []byte(w.Before+"\n"), 0); err != nil && !os.IsNotExist(err) {
 			errs = append(errs, fmt.Errorf("restore %s: %w", w.Path, err))
 		}
 	}
