@@ -159,7 +159,10 @@ static __always_inline int limit_source(__u32 rule, const volatile struct limit 
 	if (!bk)
 		return 1;
 	__u64 tag = h | 1;
-	int victim = -1;
+	/* A pointer, not an index: indexing the ways with a value chosen in
+	 * the loop needs range tracking that only some verifiers do (6.12's
+	 * rejects it), while a pointer to a constant offset passes every one. */
+	struct limit_entry *victim = 0;
 	__u64 oldest = ~0ULL;
 #pragma unroll
 	for (int i = 0; i < LIMIT_WAYS; i++) {
@@ -169,13 +172,13 @@ static __always_inline int limit_source(__u32 rule, const volatile struct limit 
 			return gcra(&e->tat, now, cost, l->tolerance);
 		__u64 due = e->tat;
 		if ((t == 0 || due <= now) && due < oldest) {
-			victim = i;
+			victim = e;
 			oldest = due;
 		}
 	}
-	if (victim < 0 || victim >= LIMIT_WAYS)
+	if (!victim)
 		return 0;
-	struct limit_entry *e = &bk->way[victim];
+	struct limit_entry *e = victim;
 	__u64 old = e->tag;
 	if (__sync_val_compare_and_swap(&e->tag, old, tag) != old)
 		return 0; /* another CPU took the way this instant */
@@ -457,9 +460,10 @@ static __always_inline int read_tcp(void *ctx, const struct pkt *p, struct tcp_h
 	if (optlen == 0)
 		return 0;
 	/* Opaque to the compiler, so that the check below stays as written:
-	 * the verifier needs the length's bounds in this register. */
+	 * the verifier needs the length's bounds in this register, the lower
+	 * one too (Linux 6.1's learns nothing from optlen != 0). */
 	asm volatile("" : "+r"(optlen));
-	if (optlen > 40 || load_bytes(ctx, p->l4_off + 20, w->opts, optlen, skb))
+	if (optlen < 4 || optlen > 40 || load_bytes(ctx, p->l4_off + 20, w->opts, optlen, skb))
 		return -1;
 	w->optlen = optlen;
 	return optlen;

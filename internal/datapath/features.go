@@ -50,7 +50,7 @@ var (
 	// tc programs attach through tcx links.
 	FeatureTCX = &Feature{Name: "tcx links", Kernel: "6.6", probe: probeTCX}
 	// The filter's programs as a whole.
-	FeaturesFilter = []*Feature{FeatureLoop, FeatureXDPLoadBytes, FeatureTCX}
+	FeaturesFilter = []*Feature{FeatureLoop, FeatureXDPLoadBytes}
 	// The lab's generator runs XDP programs on live frames.
 	FeatureLiveFrames = &Feature{Name: "XDP live frames (BPF_F_TEST_XDP_LIVE_FRAMES)", Kernel: "5.18", probe: probeLiveFrames}
 	// syncookie rules hand a validated ACK to the listener as a request
