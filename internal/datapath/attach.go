@@ -73,7 +73,11 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bo
 		if err != nil {
 			return fmt.Errorf("interface %q: %w (list them with: ip link)", a.Iface, err)
 		}
-		if old, err := link.LoadPinnedLink(a.LinkPin, nil); err == nil {
+		old, err := openHook(a)
+		if err != nil {
+			return fmt.Errorf("open the pinned link: %w", err)
+		}
+		if old != nil {
 			defer old.Close()
 			if (want == ModeAuto || want == current) && current != "" {
 				if err := old.Update(objs.Program(current.Kind())); err == nil {
@@ -110,8 +114,8 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bo
 // pinned link to objs' program), or takes it away.
 func cookieLink(a Attachment, objs *Objects, want bool) error {
 	pin := a.LinkPin + "-cookie"
-	old, err := link.LoadPinnedLink(pin, nil)
-	if err != nil && !errors.Is(err, errNotExist) {
+	old, err := openHook(Attachment{Iface: a.Iface, Egress: a.Egress, LinkPin: pin})
+	if err != nil {
 		return fmt.Errorf("open the cookie check's link: %w", err)
 	}
 	if old != nil {
@@ -148,7 +152,7 @@ func ignoreUnsupported(err error) error {
 	return err
 }
 
-func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (link.Link, Mode, string, error) {
+func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (hookLink, Mode, string, error) {
 	if a.Egress || want == ModeTC {
 		l, err := attachTC(a, ifindex, objs.Program(KindTC))
 		return l, ModeTC, "", err
@@ -172,7 +176,7 @@ func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (li
 	}
 	var errs []error
 	for _, m := range tries {
-		var l link.Link
+		var l hookLink
 		var err error
 		switch m {
 		case ModeXDPNative:
@@ -191,17 +195,29 @@ func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (li
 	return nil, "", "", errors.Join(errs...)
 }
 
+// haveTCX reports whether the kernel has tcx links (a variable, so that
+// tests on a kernel with tcx can take the clsact path too).
+var haveTCX = func() bool { return Require(FeatureTCX) == nil }
+
 // attachTC uses tcx, the link-based successor of the clsact qdisc: it can be
 // pinned and updated atomically, and other tc programs keep running after
-// ours.
-func attachTC(a Attachment, ifindex int, prog *ebpf.Program) (link.Link, error) {
+// ours. Before Linux 6.6, a clsact filter does the same (clsact.go).
+func attachTC(a Attachment, ifindex int, prog *ebpf.Program) (hookLink, error) {
+	dir := map[bool]string{false: "ingress", true: "egress"}[a.Egress]
+	if !haveTCX() {
+		f, err := attachClsact(ifindex, a.Egress, prog)
+		if err != nil {
+			return nil, fmt.Errorf("tc (clsact %s): %w", dir, err)
+		}
+		return f, nil
+	}
 	at := ebpf.AttachTCXIngress
 	if a.Egress {
 		at = ebpf.AttachTCXEgress
 	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: at, Anchor: link.Head()})
 	if err != nil {
-		return nil, fmt.Errorf("tc (tcx %s): %w", map[bool]string{false: "ingress", true: "egress"}[a.Egress], err)
+		return nil, fmt.Errorf("tc (tcx %s): %w", dir, err)
 	}
 	return l, nil
 }
@@ -249,8 +265,8 @@ func Unlink(a Attachment) error {
 	return InNetns(a.Netns, func() error {
 		var errs []error
 		for _, pin := range []string{a.LinkPin, a.LinkPin + "-cookie"} {
-			l, err := link.LoadPinnedLink(pin, nil)
-			if errors.Is(err, errNotExist) {
+			l, err := openHook(Attachment{Iface: a.Iface, Egress: a.Egress, LinkPin: pin})
+			if l == nil && err == nil {
 				continue
 			}
 			if err != nil {
@@ -285,7 +301,12 @@ func ReadLink(a Attachment) (LinkState, error) {
 		return st, nil
 	}
 	if err != nil {
-		return st, err
+		prog, perr := ebpf.LoadPinnedProgram(a.LinkPin, nil)
+		if perr != nil {
+			return st, err
+		}
+		defer prog.Close()
+		return readClsact(a, prog)
 	}
 	defer l.Close()
 	info, err := l.Info()
@@ -313,4 +334,45 @@ func Ifindex(netns, iface string) (int, error) {
 		return nil
 	})
 	return idx, err
+}
+
+// openHook opens what the attachment's pin holds, a link or the program of a
+// clsact filter; nil when there is no pin. The caller is in the attachment's
+// namespace.
+func openHook(a Attachment) (hookLink, error) {
+	l, err := link.LoadPinnedLink(a.LinkPin, nil)
+	if err == nil {
+		return l, nil
+	}
+	if errors.Is(err, errNotExist) {
+		return nil, nil
+	}
+	prog, perr := ebpf.LoadPinnedProgram(a.LinkPin, nil)
+	if perr != nil {
+		return nil, err
+	}
+	return openClsact(a, prog), nil
+}
+
+// readClsact is ReadLink for a clsact filter: the program its pin holds, and
+// the filter as the interface's namespace has it. A namespace or interface
+// that is gone, or a filter removed, leaves Ifindex 0.
+func readClsact(a Attachment, pinned *ebpf.Program) (LinkState, error) {
+	st := LinkState{Pinned: true}
+	info, err := pinned.Info()
+	if err != nil {
+		return st, err
+	}
+	st.Program, _ = info.ID()
+	_ = InNetns(a.Netns, func() error {
+		f := openClsact(a, nil)
+		if f.ifindex == 0 {
+			return nil
+		}
+		if id, err := f.running(); err == nil && id != 0 {
+			st.Program, st.Ifindex = id, uint32(f.ifindex)
+		}
+		return nil
+	})
+	return st, nil
 }
