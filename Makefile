@@ -3,8 +3,12 @@ GO ?= go
 
 .PHONY: build generate check-generated test lint deb
 
+# The commit rides in with -X: GOFLAGS may turn Go's own VCS stamp off.
+COMMIT := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +modified)
+LDFLAGS := -X github.com/rampart-fw/rampart/internal/cli.Commit=$(COMMIT)
+
 build:
-	$(GO) build -o rampart ./cmd/rampart
+	$(GO) build -ldflags "$(LDFLAGS)" -o rampart ./cmd/rampart
 
 # A Debian package in out/ (scripts/deb.sh says what it holds).
 deb:

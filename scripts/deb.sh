@@ -8,7 +8,7 @@ version="0.1.0+git$(git log -1 --format=%cd.%h --date=format:%Y%m%d 2>/dev/null 
 arch="$(dpkg --print-architecture)"
 stage="$(mktemp -d)"
 trap 'rm -rf "$stage"' EXIT
-CGO_ENABLED=0 go build -trimpath -o "$stage/usr/sbin/rampart" ./cmd/rampart
+CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/rampart-fw/rampart/internal/cli.Version=$version -X github.com/rampart-fw/rampart/internal/cli.Commit=$(git rev-parse HEAD 2>/dev/null)" -o "$stage/usr/sbin/rampart" ./cmd/rampart
 bin="$stage/usr/sbin/rampart"
 install -D -m 0644 packaging/rampart.service "$stage/lib/systemd/system/rampart.service"
 install -D -m 0644 packaging/default "$stage/etc/default/rampart"

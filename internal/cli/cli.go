@@ -87,7 +87,10 @@ atomically and keeps them pinned so they outlive the command.`,
 		proxyCmd(g),
 		serveCmd(g),
 		genManCmd(g),
+		versionCmd(g),
 	)
+	root.Version = readBuildInfo().short()
+	root.SetVersionTemplate("{{.Version}}\n")
 	return root
 }
 

@@ -27,13 +27,22 @@ type Feature struct {
 // Require returns an error naming the first feature the kernel lacks.
 func Require(fs ...*Feature) error {
 	for _, f := range fs {
-		f.once.Do(func() { f.err = f.probe() })
-		if errors.Is(f.err, ebpf.ErrNotSupported) {
-			return fmt.Errorf("this kernel lacks %s (Linux %s or newer)", f.Name, f.Kernel)
+		if err := f.Check(); err != nil {
+			return err
 		}
-		if f.err != nil {
-			return fmt.Errorf("probe for %s: %w", f.Name, f.err)
-		}
+	}
+	return nil
+}
+
+// Check probes the feature once: nil when the kernel has it, else one line
+// naming it and the kernel that has it (or why the probe failed).
+func (f *Feature) Check() error {
+	f.once.Do(func() { f.err = f.probe() })
+	if errors.Is(f.err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("this kernel lacks %s (Linux %s or newer)", f.Name, f.Kernel)
+	}
+	if f.err != nil {
+		return fmt.Errorf("probe for %s: %w", f.Name, f.err)
 	}
 	return nil
 }
@@ -47,7 +56,8 @@ var (
 	FeatureLoop = &Feature{Name: "the bpf_loop helper", Kernel: "5.17", probe: helper(ebpf.XDP, asm.FnLoop)}
 	// The walks read through bpf_xdp_load_bytes.
 	FeatureXDPLoadBytes = &Feature{Name: "the bpf_xdp_load_bytes helper", Kernel: "5.18", probe: helper(ebpf.XDP, asm.FnXdpLoadBytes)}
-	// tc programs attach through tcx links.
+	// tc programs attach through tcx links where the kernel has them, else
+	// as a clsact filter (clsact.go).
 	FeatureTCX = &Feature{Name: "tcx links", Kernel: "6.6", probe: probeTCX}
 	// The filter's programs as a whole.
 	FeaturesFilter = []*Feature{FeatureLoop, FeatureXDPLoadBytes}
@@ -58,6 +68,9 @@ var (
 	FeatureTCPReqsk = &Feature{Name: "the bpf_sk_assign_tcp_reqsk kfunc", Kernel: "6.9", probe: kfunc("bpf_sk_assign_tcp_reqsk")}
 	// diagnose's tracer is a tp_btf program: it needs the kernel's BTF.
 	FeatureKernelBTF = &Feature{Name: "kernel BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF)", Kernel: "5.5", probe: probeKernelBTF}
+
+	// Features is every feature rampart probes, for `rampart version`.
+	Features = []*Feature{FeatureLoop, FeatureXDPLoadBytes, FeatureTCX, FeatureLiveFrames, FeatureTCPReqsk, FeatureKernelBTF}
 )
 
 // probeLiveFrames runs a program that drops, once, in live-frames mode.
