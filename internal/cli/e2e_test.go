@@ -77,71 +77,77 @@ func TestFilter(t *testing.T) {
 			name += "-egress"
 		}
 		t.Run(name, func(t *testing.T) {
-			p := testutil.NewPair(t)
-			pol := writeFile(t, "p.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
-			// Ingress filters on the receiver B; egress on the sender A.
-			ns, ifc := p.NsB, p.IfB
-			args := []string{"apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--mode", c.mode}
-			if c.egress {
-				ns, ifc = p.NsA, p.IfA
-				args = []string{"apply", "-f", pol, "--netns", p.NsA, "--iface", p.IfA, "--egress"}
-			}
-			mustRampart(t, args...)
-			t.Cleanup(func() { rampart(t, "detach", "--netns", ns, "--iface", ifc) })
-
-			st := hookStatus(t, ns)
-			wantMode := c.mode
-			if c.mode == "auto" {
-				wantMode = "xdp-native" // veth supports native XDP
-			}
-			if len(st.Hooks) != 1 || st.Hooks[0].Mode != wantMode || !st.Hooks[0].Attached {
-				t.Fatalf("status: %+v, want one attached hook in %s", st, wantMode)
-			}
-
-			const n = 300
-			for _, dst := range []struct {
-				name string
-				ip   []byte
-			}{{"v4", p.B4}, {"v6", p.B6}} {
-				dropped := testutil.UDPListener(t, p.NsB, dst.ip, 9000)
-				passed := testutil.UDPListener(t, p.NsB, dst.ip, 9001)
-				testutil.SendUDP(t, p.NsA, dst.ip, 9000, n)
-				testutil.SendUDP(t, p.NsA, dst.ip, 9001, n)
-				if got := testutil.CountUDP(dropped, 300*time.Millisecond); got != 0 {
-					t.Errorf("%s: %d datagrams to the dropped port arrived", dst.name, got)
-				}
-				if got := testutil.CountUDP(passed, 300*time.Millisecond); got != n {
-					t.Errorf("%s: %d of %d datagrams to the allowed port arrived", dst.name, got, n)
-				}
-			}
-			if got := ruleCount(t, "drop-udp-9000"); got != 2*n {
-				t.Errorf("drop-udp-9000 counted %d, sent %d", got, 2*n)
-			}
-			if got := ruleCount(t, "count-udp-9001"); got != 2*n {
-				t.Errorf("count-udp-9001 counted %d, sent %d", got, 2*n)
-			}
-
-			testutil.ListenTCP(t, p.NsB, p.B4, 9002)
-			testutil.ListenTCP(t, p.NsB, p.B4, 9003)
-			if c, err := testutil.DialTCP(p.NsA, p.B4, 9002, 500*time.Millisecond); err == nil {
-				c.Close()
-				t.Error("TCP connect to the dropped port succeeded")
-			}
-			conn, err := testutil.DialTCP(p.NsA, p.B4, 9003, 2*time.Second)
-			if err != nil {
-				t.Fatalf("TCP connect to an allowed port: %v", err)
-			}
-			conn.Write([]byte("ping"))
-			buf := make([]byte, 4)
-			conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-			if _, err := conn.Read(buf); err != nil || string(buf) != "ping" {
-				t.Errorf("TCP echo: %q, %v", buf, err)
-			}
-			conn.Close()
-			if got := ruleCount(t, "drop-syn-9002"); got == 0 {
-				t.Error("drop-syn-9002 counted no SYN")
-			}
+			filterRound(t, testutil.NewPair(t), c.mode, c.egress, "xdp-native") // veth supports native XDP
 		})
+	}
+}
+
+// filterRound applies e2ePolicy to p in mode (ingress on B, or egress on A),
+// checks status, then real UDP and TCP: blocked flows do not arrive, allowed
+// ones do, counters equal packets sent. auto must pick autoMode.
+func filterRound(t *testing.T, p *testutil.Pair, mode string, egress bool, autoMode string) {
+	pol := writeFile(t, "p.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
+	// Ingress filters on the receiver B; egress on the sender A.
+	ns, ifc := p.NsB, p.IfB
+	args := []string{"apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--mode", mode}
+	if egress {
+		ns, ifc = p.NsA, p.IfA
+		args = []string{"apply", "-f", pol, "--netns", p.NsA, "--iface", p.IfA, "--egress"}
+	}
+	mustRampart(t, args...)
+	t.Cleanup(func() { rampart(t, "detach", "--netns", ns, "--iface", ifc) })
+
+	st := hookStatus(t, ns)
+	wantMode := mode
+	if mode == "auto" {
+		wantMode = autoMode
+	}
+	if len(st.Hooks) != 1 || st.Hooks[0].Mode != wantMode || !st.Hooks[0].Attached {
+		t.Fatalf("status: %+v, want one attached hook in %s", st, wantMode)
+	}
+
+	const n = 300
+	for _, dst := range []struct {
+		name string
+		ip   []byte
+	}{{"v4", p.B4}, {"v6", p.B6}} {
+		dropped := testutil.UDPListener(t, p.NsB, dst.ip, 9000)
+		passed := testutil.UDPListener(t, p.NsB, dst.ip, 9001)
+		testutil.SendUDP(t, p.NsA, dst.ip, 9000, n)
+		testutil.SendUDP(t, p.NsA, dst.ip, 9001, n)
+		if got := testutil.CountUDP(dropped, 300*time.Millisecond); got != 0 {
+			t.Errorf("%s: %d datagrams to the dropped port arrived", dst.name, got)
+		}
+		if got := testutil.CountUDP(passed, 300*time.Millisecond); got != n {
+			t.Errorf("%s: %d of %d datagrams to the allowed port arrived", dst.name, got, n)
+		}
+	}
+	if got := ruleCount(t, "drop-udp-9000"); got != 2*n {
+		t.Errorf("drop-udp-9000 counted %d, sent %d", got, 2*n)
+	}
+	if got := ruleCount(t, "count-udp-9001"); got != 2*n {
+		t.Errorf("count-udp-9001 counted %d, sent %d", got, 2*n)
+	}
+
+	testutil.ListenTCP(t, p.NsB, p.B4, 9002)
+	testutil.ListenTCP(t, p.NsB, p.B4, 9003)
+	if c, err := testutil.DialTCP(p.NsA, p.B4, 9002, 500*time.Millisecond); err == nil {
+		c.Close()
+		t.Error("TCP connect to the dropped port succeeded")
+	}
+	conn, err := testutil.DialTCP(p.NsA, p.B4, 9003, 2*time.Second)
+	if err != nil {
+		t.Fatalf("TCP connect to an allowed port: %v", err)
+	}
+	conn.Write([]byte("ping"))
+	buf := make([]byte, 4)
+	conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := conn.Read(buf); err != nil || string(buf) != "ping" {
+		t.Errorf("TCP echo: %q, %v", buf, err)
+	}
+	conn.Close()
+	if got := ruleCount(t, "drop-syn-9002"); got == 0 {
+		t.Error("drop-syn-9002 counted no SYN")
 	}
 }
 

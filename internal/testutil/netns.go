@@ -33,6 +33,26 @@ var pairSeq atomic.Int32
 // NewPair creates the namespaces and removes them when the test ends.
 func NewPair(t testing.TB) *Pair {
 	t.Helper()
+	p := newPair(t, "", "")
+	Run(t, "ip", "-n", p.NsA, "link", "add", p.IfA, "type", "veth", "peer", "name", p.IfB, "netns", p.NsB)
+	p.wire(t)
+	return p
+}
+
+// PairOver is NewPair over two interfaces of this namespace that are wired
+// to each other (NICs on one segment): they move into the pair's
+// namespaces, and come back when the test ends, as physical devices do when
+// their namespace goes.
+func PairOver(t testing.TB, ifA, ifB string) *Pair {
+	t.Helper()
+	p := newPair(t, ifA, ifB)
+	Run(t, "ip", "link", "set", ifA, "netns", p.NsA)
+	Run(t, "ip", "link", "set", ifB, "netns", p.NsB)
+	p.wire(t)
+	return p
+}
+
+func newPair(t testing.TB, ifA, ifB string) *Pair {
 	n := pairSeq.Add(1)
 	tag := fmt.Sprintf("%d-%d", os.Getpid()%100000, n)
 	p := &Pair{
@@ -41,13 +61,21 @@ func NewPair(t testing.TB) *Pair {
 		A4: net.IPv4(10, 201, byte(n), 1), B4: net.IPv4(10, 201, byte(n), 2),
 		A6: net.ParseIP(fmt.Sprintf("fd00:201:%x::1", n)), B6: net.ParseIP(fmt.Sprintf("fd00:201:%x::2", n)),
 	}
+	if ifA != "" {
+		p.IfA, p.IfB = ifA, ifB
+	}
 	t.Cleanup(func() {
 		exec.Command("ip", "netns", "del", p.NsA).Run()
 		exec.Command("ip", "netns", "del", p.NsB).Run()
 	})
 	Run(t, "ip", "netns", "add", p.NsA)
 	Run(t, "ip", "netns", "add", p.NsB)
-	Run(t, "ip", "-n", p.NsA, "link", "add", p.IfA, "type", "veth", "peer", "name", p.IfB, "netns", p.NsB)
+	return p
+}
+
+// wire addresses both ends and makes their neighbours permanent.
+func (p *Pair) wire(t testing.TB) {
+	t.Helper()
 	for _, side := range []struct{ ns, ifc, v4, v6 string }{
 		{p.NsA, p.IfA, p.A4.String() + "/24", p.A6.String() + "/64"},
 		{p.NsB, p.IfB, p.B4.String() + "/24", p.B6.String() + "/64"},
@@ -65,7 +93,6 @@ func NewPair(t testing.TB) *Pair {
 	} {
 		Run(t, "ip", "-n", n.ns, "neigh", "replace", n.ip, "lladdr", n.mac, "dev", n.ifc, "nud", "permanent")
 	}
-	return p
 }
 
 func mac(t testing.TB, ns, ifc string) string {
@@ -108,7 +135,16 @@ func Socket(t testing.TB, ns string, open func() (net.Conn, error)) net.Conn {
 func UDPListener(t testing.TB, ns string, ip net.IP, port int) *net.UDPConn {
 	t.Helper()
 	c := Socket(t, ns, func() (net.Conn, error) { return net.ListenUDP("udp", &net.UDPAddr{IP: ip, Port: port}) }).(*net.UDPConn)
-	c.SetReadBuffer(8 << 20)
+	// SO_RCVBUFFORCE: past net.core.rmem_max (212,992 bytes on a stock
+	// kernel), which would hold only ~100 of the page-sized buffers that
+	// veth's native XDP path delivers while a slow reader catches up.
+	if raw, err := c.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) {
+			if syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, 8<<20) != nil {
+				c.SetReadBuffer(8 << 20)
+			}
+		})
+	}
 	return c
 }
 

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs inside a guest booted by scripts/kernels.sh: the kernel tier's tests,
+# sized for emulation, each package's test binary from its package's
+# directory as `go test` would. Results go to OUT/KERNEL/: a log per run and
+# one line per run in `results` ("PASS|FAIL name seconds").
+set -uo pipefail
+out="$1"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+kernel="$(uname -r)"
+res="$out/$kernel"
+mkdir -p "$res"
+: >"$res/results"
+mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
+export RAMPART_REQUIRE_PRIVILEGED=1
+# Sizes for a CPU emulated 10-50x slower than this one: the same cases, fewer
+# random frames.
+export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000
+
+run() { # name package pattern
+  local name="$1" pkg="$2" pattern="$3" start rc
+  start=$(date +%s)
+  (cd "$repo/internal/$pkg" && timeout 900 "$out/bin/$pkg.test" -test.count=1 -test.v -test.timeout=850s \
+    -test.run "^($pattern)\$") >"$res/$name.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q -- "--- SKIP" "$res/$name.log"; then
+    rc=1 # a skipped test is no pass here
+  fi
+  echo "$([ $rc -eq 0 ] && echo PASS || echo FAIL) $name $(($(date +%s) - start))" >>"$res/results"
+}
+
+# prog.Run tables, crafted frames, the differential run against policy.Eval,
+# every program shape loading, tc through clsact; the SYN-ACK bytes where
+# syncookie can be applied (Linux 6.9: bpf_sk_assign_tcp_reqsk).
+IFS=. read -r major minor _ <<<"$kernel"
+synack=''
+if [ "$major" -gt 6 ] || { [ "$major" -eq 6 ] && [ "${minor%%-*}" -ge 9 ]; }; then
+  synack='|TestSynAckFrames'
+fi
+run datapath datapath "TestRequire|TestTable|TestCrafted|TestCraftedFramesAreWhatTheySay|TestDifferential|TestLoadShapes|TestClsact$synack"
+# End to end over veth with real datagrams and connections: apply in every
+# mode, status, stats, detach; the kernel as oracle; list changes in place;
+# the syncookie refusal; version.
+run filter cli 'TestFilter|TestDetachClean|TestVersion|TestSyncookieNeedsItsKernel'
+run oracle cli 'TestKernelOracle'
+run lists cli 'TestListInPlace|TestReapplyUnderFlood'
+echo "RESULT $kernel done"
