@@ -1,7 +1,7 @@
 # rampart: the generated BPF objects are committed, so `build` needs Go only.
 GO ?= go
 
-.PHONY: build generate check-generated test lint deb
+.PHONY: build generate check-generated test lint deb kernels
 
 # The commit rides in with -X: GOFLAGS may turn Go's own VCS stamp off.
 COMMIT := $(shell git rev-parse HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo +modified)
@@ -30,11 +30,17 @@ check-generated: generate
 	  (echo "bpf/ and the committed objects disagree: run make generate and commit" >&2; exit 1)
 
 # The whole suite: formatting, tidy modules and vet, generated objects up to date, then every
-# test tier; the delay line's transfers last, alone on the CPUs. Privileged tiers need root; with RAMPART_REQUIRE_PRIVILEGED=1 they
-# fail instead of skipping.
+# test tier; the delay line's transfers last, alone on the CPUs; then the kernel tier, the same
+# tests in guests of Linux 6.1 and 6.12 under qemu (scripts/kernels.sh). Privileged tiers need
+# root; with RAMPART_REQUIRE_PRIVILEGED=1 they fail instead of skipping.
 test: lint check-generated
 	$(GO) test -count=1 ./...
 	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run TestDelayLine -v ./internal/tune
+	bash scripts/kernels.sh
+
+# The kernel tier alone.
+kernels:
+	bash scripts/kernels.sh
 
 lint:
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs inside a guest booted by scripts/kernels.sh: the kernel tier's tests,
-# sized for emulation, each package's test binary from its package's
-# directory as `go test` would. Results go to OUT/KERNEL/: a log per run and
-# one line per run in `results` ("PASS|FAIL name seconds").
+# Runs inside a guest booted by scripts/kernels.sh (usage: OUT NAME): the
+# kernel tier's tests, sized for emulation, each package's test binary from
+# its package's directory as `go test` would; NAME "nics" runs the NIC
+# guest's tests. Results go to OUT/NAME/: a log per run and one line per run
+# in `results` ("PASS|FAIL name seconds").
 set -uo pipefail
 out="$1"
+name="$2"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 kernel="$(uname -r)"
-res="$out/$kernel"
+res="$out/$name"
 mkdir -p "$res"
 : >"$res/results"
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
@@ -15,7 +17,7 @@ ip link set lo up
 export RAMPART_REQUIRE_PRIVILEGED=1
 # Sizes for a CPU emulated 10-50x slower than this one: the same cases, fewer
 # random frames.
-export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000
+export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000 RAMPART_REAPPLY_DATAGRAMS=10000
 
 run() { # name package pattern
   local name="$1" pkg="$2" pattern="$3" start rc
@@ -28,6 +30,28 @@ run() { # name package pattern
   fi
   echo "$([ $rc -eq 0 ] && echo PASS || echo FAIL) $name $(($(date +%s) - start))" >>"$res/results"
 }
+
+if [ "$name" = nics ]; then
+  modprobe virtio_net
+  nics=()
+  for i in 0 1 2 3; do
+    for _ in $(seq 50); do
+      dev="$(grep -l "52:54:00:72:70:0$i" /sys/class/net/*/address 2>/dev/null | head -1)"
+      [ -n "$dev" ] && break
+      sleep 0.1
+    done
+    nics+=("$(basename "$(dirname "$dev")")")
+  done
+  export RAMPART_GUEST_NICS="$(IFS=,; echo "${nics[*]}")"
+  echo "NICs: $RAMPART_GUEST_NICS" >"$res/nics"
+  run virtio cli 'TestGuestVirtioXDP'
+  run bond cli 'TestGuestBondXDP'
+  run tune-irq cli 'TestGuestTuneIRQBonds'
+  run diagnose-fq cli 'TestGuestDiagnoseFQ'
+  run lab-u32 cli 'TestGuestLabDropU32'
+  echo "RESULT $kernel done"
+  exit 0
+fi
 
 # prog.Run tables, crafted frames, the differential run against policy.Eval,
 # every program shape loading, tc through clsact; the SYN-ACK bytes where

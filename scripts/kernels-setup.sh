@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 . scripts/kernels.env
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -qq --no-install-recommends qemu-system-x86 kmod busybox-static >/dev/null
-command -v vng >/dev/null || python3 -m pip install -q "virtme-ng==$VIRTME_NG_VERSION"
+[ -x "$VNG" ] || python3 -m pip install -q "virtme-ng==$VIRTME_NG_VERSION"
 mkdir -p "$RAMPART_KERNEL_CACHE"
 for k in $RAMPART_KERNELS; do
   dir="$RAMPART_KERNEL_CACHE/$k"

@@ -13,5 +13,6 @@ if ! command -v go >/dev/null; then
 fi
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 go mod download
+bash scripts/kernels-setup.sh
 make build
 echo "built ./rampart"

@@ -446,6 +446,7 @@ func environment(o Options, cpu cpuPlan) Env {
 		e.JIT = strings.TrimSpace(string(b)) != "0"
 	}
 	e.CPUModel = cpuModel()
+	e.Emulated = strings.Contains(e.CPUModel, "QEMU")
 	return e
 }
 

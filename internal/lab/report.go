@@ -54,6 +54,9 @@ type Env struct {
 	Src4         string `json:"sources_v4"`
 	Src6         string `json:"sources_v6"`
 	Iptables     string `json:"iptables"`
+	// Emulated: the CPU is a QEMU model, as in the kernel tier's guests:
+	// the rates prove the layers work, they are no performance figures.
+	Emulated bool `json:"emulated,omitempty"`
 }
 
 // Check is one of the issue's targets, computed from rows of the same run.
@@ -186,6 +189,9 @@ func (r *Report) WriteTable(w io.Writer) {
 		e.Kernel, onOff(e.JIT), e.CPUModel, e.CPUs, e.GeneratorCPU, e.BatchSize, e.ReceiveCPU, e.AppCPU)
 	fmt.Fprintf(w, "%d windows of %s after %s of warm-up; flood from %d sources in %s and %s, the list-based layers' list; %s\n",
 		e.Repeats, e.Window, e.Warmup, e.Sources, e.Src4, e.Src6, e.Iptables)
+	if e.Emulated {
+		fmt.Fprintf(w, "EMULATED: %s is a QEMU CPU model; these rates show each layer works, they are no performance figures\n", e.CPUModel)
+	}
 	fmt.Fprintln(w, "MPPS is what the layer's own counter dropped; NS/PKT is receiving-CPU time per dropped packet; SETUP is the time to set the layer up, its list loaded; STUDY is the 2018 study's IPv4 Mpps on a 10G NIC.")
 	if len(r.Checks) > 0 {
 		fmt.Fprintln(w, "\ntargets:")

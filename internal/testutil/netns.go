@@ -45,6 +45,8 @@ func NewPair(t testing.TB) *Pair {
 // their namespace goes.
 func PairOver(t testing.TB, ifA, ifB string) *Pair {
 	t.Helper()
+	// Registered first, so it runs last: namespaces go asynchronously.
+	t.Cleanup(func() { WaitLinks(t, "", ifA, ifB) })
 	p := newPair(t, ifA, ifB)
 	Run(t, "ip", "link", "set", ifA, "netns", p.NsA)
 	Run(t, "ip", "link", "set", ifB, "netns", p.NsB)
@@ -242,3 +244,77 @@ func PeerXDP(t testing.TB, ns, ifc string) {
 
 // Alive reports whether a process exists.
 func Alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// GuestNICs are the NICs of the kernel tier's NIC guest (scripts/kernels.sh):
+// four virtio_net NICs with two queues each, an MSI-X vector per queue,
+// wired in pairs on the host (0 with 2, 1 with 3), in a kernel with
+// bonding, fq, netem and gact. Elsewhere the test skips, saying where it
+// runs: this machine's kernel lacks those modules and it has no NIC to
+// spare. In that guest a skip counts as a failure.
+func GuestNICs(t testing.TB) []string {
+	t.Helper()
+	Privileged(t)
+	nics := strings.Split(os.Getenv("RAMPART_GUEST_NICS"), ",")
+	if len(nics) != 4 {
+		t.Skip("runs in the kernel tier's NIC guest: bash scripts/kernels.sh")
+	}
+	return nics
+}
+
+// SendRaw writes frames out of ifc in ns through a packet socket, as a
+// peer's NIC would put them on the wire.
+func SendRaw(t testing.TB, ns, ifc string, frames [][]byte) {
+	t.Helper()
+	err := datapath.InNetns(ns, func() error {
+		i, err := net.InterfaceByName(ifc)
+		if err != nil {
+			return err
+		}
+		fd, err := syscall.Socket(syscall.AF_PACKET, syscall.SOCK_RAW, 0)
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		if err := syscall.Bind(fd, &syscall.SockaddrLinklayer{Ifindex: i.Index}); err != nil {
+			return err
+		}
+		for _, f := range frames {
+			if _, err := syscall.Write(fd, f); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send on %s: %v", ifc, err)
+	}
+}
+
+// MAC is the hardware address of ifc in ns.
+func MAC(t testing.TB, ns, ifc string) net.HardwareAddr {
+	t.Helper()
+	m, err := net.ParseMAC(mac(t, ns, ifc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// WaitLinks waits up to 10 s for the interfaces to be in ns.
+func WaitLinks(t testing.TB, ns string, ifcs ...string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		missing := ""
+		for _, ifc := range ifcs {
+			if idx, _ := datapath.Ifindex(ns, ifc); idx == 0 {
+				missing = ifc
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("interface %s did not come back", missing)
+		}
+	}
+}

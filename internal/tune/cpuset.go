@@ -102,7 +102,8 @@ func (s CPUSet) Intersect(o CPUSet) CPUSet {
 	return slices.DeleteFunc(slices.Clone(s), func(c int) bool { return !slices.Contains(o, c) })
 }
 
-func (s CPUSet) union(o CPUSet) CPUSet {
+// Union is what s or o holds.
+func (s CPUSet) Union(o CPUSet) CPUSet {
 	u := slices.Concat(s, o)
 	slices.Sort(u)
 	return slices.Compact(u)

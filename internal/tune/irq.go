@@ -237,7 +237,7 @@ func splitCPUs(m *Machine, ext, in []NIC) (extCPUs, inCPUs CPUSet, note string, 
 			}
 			for _, n := range nodes {
 				if n != known {
-					*other = other.union(m.Nodes[n])
+					*other = other.Union(m.Nodes[n])
 				}
 			}
 			if has(pe) {
@@ -250,9 +250,9 @@ func splitCPUs(m *Machine, ext, in []NIC) (extCPUs, inCPUs CPUSet, note string, 
 			k := share(len(nodes), wE, wI)
 			for j, n := range nodes {
 				if j < len(nodes)-k {
-					inCPUs = inCPUs.union(m.Nodes[n])
+					inCPUs = inCPUs.Union(m.Nodes[n])
 				} else {
-					extCPUs = extCPUs.union(m.Nodes[n])
+					extCPUs = extCPUs.Union(m.Nodes[n])
 				}
 			}
 			return extCPUs, inCPUs, "the NICs' nodes are unknown or mixed: whole nodes split between the sides by their queues", nil
@@ -292,9 +292,9 @@ func splitCores(m *Machine, cpus CPUSet, wE, wI int) (CPUSet, CPUSet, error) {
 	var e, i CPUSet
 	for j, c := range cores {
 		if j < len(cores)-k {
-			i = i.union(c)
+			i = i.Union(c)
 		} else {
-			e = e.union(c)
+			e = e.Union(c)
 		}
 	}
 	return e, i, nil

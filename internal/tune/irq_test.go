@@ -117,7 +117,7 @@ func checkTargets(t *testing.T, m *Machine, p *IRQPlan) {
 	if len(ext) == 0 || len(in) == 0 || len(ext.Intersect(in)) > 0 {
 		t.Errorf("external CPUs %q and internal %q must be disjoint and not empty", p.External.CPUs, p.Internal.CPUs)
 	}
-	if shared := ext.union(in).Intersect(m.Isolated); len(shared) > 0 {
+	if shared := ext.Union(in).Intersect(m.Isolated); len(shared) > 0 {
 		t.Errorf("isolated CPUs %v planned", shared)
 	}
 	type key struct {
