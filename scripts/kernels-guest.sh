@@ -49,6 +49,7 @@ if [ "$name" = nics ]; then
   run tune-irq cli 'TestGuestTuneIRQBonds'
   run diagnose-fq cli 'TestGuestDiagnoseFQ'
   run lab-u32 cli 'TestGuestLabDropU32'
+  run delay-netem tune 'TestDelayLineNetem'
   echo "RESULT $kernel done"
   exit 0
 fi

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 . scripts/kernels.env
 out="$(mktemp -d /tmp/rampart-kernels.XXXXXX)"
 mkdir -p "$out/bin"
-for pkg in datapath cli; do
+for pkg in datapath cli tune; do
   go test -c -o "$out/bin/$pkg.test" "./internal/$pkg"
 done
 failed=0

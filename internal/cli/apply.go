@@ -31,10 +31,11 @@ rules whose name and match are unchanged carry over. Several interfaces are
 changed all or nothing.
 
 --mode auto tries XDP native, then XDP generic, then tc; beside another XDP
-program (a libxdp dispatcher, say) it runs at tc and says so. --egress filters
-outgoing traffic with tc (tcx) instead of incoming. With --confirm DURATION
-the previous policy comes back by itself unless 'rampart confirm' runs in
-time, even if this command is killed.`,
+program (a libxdp dispatcher, say) it runs at tc and says so. tc attaches
+with tcx, or before Linux 6.6 as a clsact filter. --egress filters outgoing
+traffic with tc instead of incoming. With --confirm DURATION the previous
+policy comes back by itself unless 'rampart confirm' runs in time, even if
+this command is killed.`,
 		Example: `  rampart apply -f /etc/rampart/policy.yaml --iface eth0
   rampart apply -f policy.yaml --iface eth0 --confirm 60s && rampart confirm`,
 		Args: cobra.NoArgs,
