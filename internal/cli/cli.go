@@ -45,11 +45,17 @@ func Run(ctx context.Context, env Env, args []string) error {
 	root := rootCmd(g)
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
-	if err != nil && (g.json || slices.Contains(args, "--json")) {
+	var done printed
+	if err != nil && !errors.As(err, &done) && (g.json || slices.Contains(args, "--json")) {
 		g.printJSON(map[string]any{"error": errorJSON(err)})
 	}
 	return err
 }
+
+// printed is an error the command has already put in its JSON output.
+type printed struct{ error }
+
+func (p printed) Unwrap() error { return p.error }
 
 // rootCmd builds the command table.
 func rootCmd(g *globals) *cobra.Command {

@@ -1,7 +1,9 @@
 package cli
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -31,7 +33,23 @@ command that puts it right.`,
 				}
 				hooks = append(hooks, hs...)
 			}
+			// Status shows what it found, then fails when rampart's own
+			// record of a hook is unreadable: nothing it says of it holds.
+			var unreadable []string
+			for _, h := range hooks {
+				if h.State == engine.StateUnreadable {
+					unreadable = append(unreadable, h.Problem)
+				}
+			}
+			var bad error
+			if len(unreadable) > 0 {
+				bad = fmt.Errorf("rampart's record of %d hook(s) is unreadable (%s): the fix column says how to write it anew", len(unreadable), strings.Join(unreadable, "; "))
+			}
 			if g.json {
+				if bad != nil {
+					g.printJSON(map[string]any{"hooks": hooks, "error": errorJSON(bad)})
+					return printed{bad}
+				}
 				return g.printJSON(map[string]any{"hooks": hooks})
 			}
 			rows := [][]string{{"IFACE", "DIRECTION", "MODE", "RULES", "POLICY", "APPLIED", "STATE"}}
@@ -47,11 +65,15 @@ command that puts it right.`,
 				if len(hash) > 12 {
 					hash = hash[:12]
 				}
+				applied := "-"
+				if !h.AppliedAt.IsZero() {
+					applied = h.AppliedAt.Local().Format(time.DateTime)
+				}
 				rows = append(rows, []string{h.Iface + inNetns(h.Netns), h.Direction, string(h.Mode), strconv.Itoa(h.Rules),
-					hash, h.AppliedAt.Local().Format(time.DateTime), state})
+					hash, applied, state})
 			}
 			g.table(rows)
-			return nil
+			return bad
 		},
 	}
 }

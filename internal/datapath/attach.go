@@ -3,7 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -69,7 +68,7 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bo
 	var mode Mode
 	var note string
 	err := InNetns(a.Netns, func() error {
-		ifc, err := net.InterfaceByName(a.Iface)
+		ifindex, err := indexOf(a.Iface)
 		if err != nil {
 			return fmt.Errorf("interface %q: %w (list them with: ip link)", a.Iface, err)
 		}
@@ -93,7 +92,7 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bo
 				return fmt.Errorf("detach the old link: %w", err)
 			}
 		}
-		l, m, n, err := attach(a, ifc.Index, objs, want, force)
+		l, m, n, err := attach(a, ifindex, objs, want, force)
 		if err != nil {
 			return err
 		}
@@ -130,11 +129,11 @@ func cookieLink(a Attachment, objs *Objects, want bool) error {
 	if !want {
 		return nil
 	}
-	ifc, err := net.InterfaceByName(a.Iface)
+	ifindex, err := indexOf(a.Iface)
 	if err != nil {
 		return err
 	}
-	l, err := attachTC(Attachment{Iface: a.Iface}, ifc.Index, objs.RampartTcCookie)
+	l, err := attachTC(Attachment{Iface: a.Iface}, ifindex, objs.RampartTcCookie)
 	if err != nil {
 		return fmt.Errorf("the SYN cookie check: %w", err)
 	}
@@ -327,13 +326,20 @@ func ReadLink(a Attachment) (LinkState, error) {
 func Ifindex(netns, iface string) (int, error) {
 	idx := 0
 	err := InNetns(netns, func() error {
-		ifc, err := net.InterfaceByName(iface)
-		if err == nil {
-			idx = ifc.Index
-		}
+		idx, _ = indexOf(iface)
 		return nil
 	})
 	return idx, err
+}
+
+// indexOf is the index of the interface with this name or altname in the
+// caller's namespace (netlink resolves altnames; Go's net package does not).
+func indexOf(name string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0, err
+	}
+	return l.Attrs().Index, nil
 }
 
 // openHook opens what the attachment's pin holds, a link or the program of a

@@ -3,7 +3,6 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 
 	"github.com/cilium/ebpf"
@@ -184,8 +183,6 @@ func (f *clsactFilter) running() (ebpf.ProgramID, error) {
 // It runs in the attachment's namespace.
 func openClsact(a Attachment, prog *ebpf.Program) *clsactFilter {
 	f := &clsactFilter{egress: a.Egress, prog: prog, pin: a.LinkPin}
-	if ifc, err := net.InterfaceByName(a.Iface); err == nil {
-		f.ifindex = ifc.Index
-	}
+	f.ifindex, _ = indexOf(a.Iface)
 	return f
 }

@@ -103,6 +103,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 	}
 	var hooks []Hook
+	named := map[int]string{} // by index: one interface under two names (altnames) is one hook
 	for _, ifc := range req.Ifaces {
 		idx, err := datapath.Ifindex(fw.netns, ifc)
 		if err != nil {
@@ -111,6 +112,13 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		if idx == 0 {
 			return nil, fmt.Errorf("--iface %s: no such interface%s (list them with: ip link)", ifc, fw.inNetns())
 		}
+		if first, ok := named[idx]; ok {
+			if first == ifc {
+				return nil, fmt.Errorf("--iface %s is given twice: name each interface once", ifc)
+			}
+			return nil, fmt.Errorf("--iface %s and --iface %s are one interface (index %d): name it once", first, ifc, idx)
+		}
+		named[idx] = ifc
 		hooks = append(hooks, Hook{Iface: ifc, Egress: req.Egress})
 	}
 	if err := datapath.EnsureBPFFS(fw.pinRoot); err != nil {
@@ -224,10 +232,9 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 	if err != nil {
 		return Applied{}, err
 	}
-	old, err := fw.readGen(h, st.live)
-	if err != nil {
-		return Applied{}, err
-	}
+	// An unreadable record of the live generation carries nothing over: the
+	// new one is written whole, which is how status says to mend it.
+	old, _ := fw.readGen(h, st.live)
 	g := meta
 	g.N = 1
 	if len(st.gens) > 0 {

@@ -117,6 +117,11 @@ func (fw *Firewall) readGen(h Hook, n int) (*generation, error) {
 	if err != nil || !ok {
 		return nil, err
 	}
+	// A record cut short (a full disk, an editor) parses as JSON but says
+	// nothing true: no generation, no layer, no date.
+	if g.N != n || g.Mode == "" || g.AppliedAt.IsZero() {
+		return nil, fmt.Errorf("%s: an incomplete record (generation %d, mode %q, applied %s)", fw.genFile(h, n), g.N, g.Mode, g.AppliedAt.Format(time.RFC3339))
+	}
 	return &g, nil
 }
 

@@ -26,6 +26,9 @@ const (
 	StateLinkMissing = "link-missing"
 	// StateForeign: the link runs a program rampart did not pin.
 	StateForeign = "foreign-program"
+	// StateUnreadable: the kernel runs the hook but rampart's record of
+	// what it runs is missing or corrupt.
+	StateUnreadable = "state-unreadable"
 )
 
 // HookStatus is what runs on a hook.
@@ -43,6 +46,7 @@ type HookStatus struct {
 	AppliedAt       time.Time     `json:"applied_at"`
 	Rules           int           `json:"rules"`
 	ConfirmDeadline *time.Time    `json:"confirm_deadline,omitempty"`
+	Problem         string        `json:"problem,omitempty"` // what could not be read
 }
 
 // Status reports every hook of the namespace as the kernel runs it.
@@ -53,11 +57,16 @@ func (fw *Firewall) Status() ([]HookStatus, error) {
 	out := []HookStatus{}
 	err := fw.withHooks(func(h Hook, st *hookState) error {
 		hs := HookStatus{Iface: h.Iface, Netns: fw.netns, Direction: h.Direction()}
-		if g, err := fw.readGen(h, fw.newest(h, st)); err == nil && g != nil {
+		g, gerr := fw.readGen(h, fw.newest(h, st))
+		if g != nil {
 			hs.Mode, hs.Generation, hs.PolicyFile, hs.PolicyHash, hs.AppliedAt, hs.Rules = g.Mode, g.N, g.PolicyFile, g.PolicyHash, g.AppliedAt, len(g.Rules)
 		}
 		hs.State, hs.Fix = fw.judge(h, st)
-		hs.Attached = hs.State == StateActive || hs.State == StateUnconfirmed
+		if gerr != nil && (hs.State == StateActive || hs.State == StateUnconfirmed) {
+			hs.State, hs.Problem = StateUnreadable, gerr.Error()
+			hs.Fix = fmt.Sprintf("rampart%s apply -f POLICY --iface %s (records it anew), or rampart%s detach --iface %s", fw.netnsFlag(), h.Iface, fw.netnsFlag(), h.Iface)
+		}
+		hs.Attached = hs.State == StateActive || hs.State == StateUnconfirmed || hs.State == StateUnreadable
 		if st.pending != nil {
 			d := st.pending.Deadline
 			hs.ConfirmDeadline = &d

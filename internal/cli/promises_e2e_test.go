@@ -1,0 +1,81 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+// TestApplyRefusesOneInterfaceTwice: the same interface named twice, or
+// under its name and an altname, is refused before anything changes (it
+// used to apply two generations over one link and lose the state and pins
+// of both, while the program kept running).
+func TestApplyRefusesOneInterfaceTwice(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "property", "add", "dev", p.IfB, "altname", "rpt-alt")
+	for _, c := range []struct {
+		ifaces []string
+		want   string
+	}{
+		{[]string{p.IfB, p.IfB}, "--iface " + p.IfB + " is given twice"},
+		{[]string{p.IfB, "rpt-alt"}, "--iface " + p.IfB + " and --iface rpt-alt are one interface"},
+	} {
+		args := []string{"apply", "-f", pol, "--netns", p.NsB}
+		for _, i := range c.ifaces {
+			args = append(args, "--iface", i)
+		}
+		if _, err := rampart(t, args...); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("apply %v: %v, want %q", c.ifaces, err, c.want)
+		}
+		if st := hookStatus(t, p.NsB); len(st.Hooks) != 0 {
+			t.Errorf("a refused apply left hooks: %+v", st.Hooks)
+		}
+	}
+}
+
+// TestStatusUnreadableState: an empty or cut generation record makes
+// status say so (state-unreadable, the file, the fix) and fail, instead of
+// "active" with no mode and a zero date.
+func TestStatusUnreadableState(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	gen := filepath.Join(os.Getenv("RAMPART_STATE_ROOT"), "netns-"+p.NsB, p.IfB, "ingress", "gen-1.json")
+	for _, content := range []string{"", "{}", `{"generation": 1, "mo`} {
+		if err := os.WriteFile(gen, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		out, err := rampart(t, "status", "--netns", p.NsB, "--json")
+		if err == nil || !strings.Contains(err.Error(), "unreadable") {
+			t.Errorf("record %q: status exited without an error (%v)", content, err)
+		}
+		var st struct {
+			Hooks []struct{ State, Problem, Fix string }
+			Error struct{ Message string }
+		}
+		if jerr := json.Unmarshal([]byte(out), &st); jerr != nil {
+			t.Fatalf("record %q: status --json printed no one JSON document: %v\n%s", content, jerr, out)
+		}
+		if len(st.Hooks) != 1 || st.Hooks[0].State != "state-unreadable" || !strings.Contains(st.Hooks[0].Problem, gen) ||
+			!strings.Contains(st.Hooks[0].Fix, "apply") || st.Error.Message == "" {
+			t.Errorf("record %q: %+v", content, st)
+		}
+		human, _ := rampart(t, "status", "--netns", p.NsB)
+		if strings.Contains(human, "0001-01-01") || !strings.Contains(human, "state-unreadable") {
+			t.Errorf("record %q: status printed\n%s", content, human)
+		}
+	}
+	// Applying again writes the record anew.
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	if st := hookStatus(t, p.NsB); len(st.Hooks) != 1 || st.Hooks[0].Mode == "" || !st.Hooks[0].Attached {
+		t.Errorf("after a new apply: %+v", st)
+	}
+}
