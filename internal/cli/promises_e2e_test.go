@@ -79,3 +79,37 @@ func TestStatusUnreadableState(t *testing.T) {
 		t.Errorf("after a new apply: %+v", st)
 	}
 }
+
+// TestClearErrors: native XDP refused for the MTU names the MTU, the
+// driver's reason and the largest MTU it takes (it said "create link:
+// numerical result out of range"); reattach of an interface rampart holds
+// nothing on fails naming it (it said "every hook is attached", exit 0).
+func TestClearErrors(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
+	testutil.Run(t, "ip", "-n", p.NsA, "link", "set", p.IfA, "mtu", "9000")
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", p.IfB, "mtu", "9000")
+	_, err := rampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--mode", "xdp-native")
+	if err == nil {
+		t.Fatal("xdp-native at MTU 9000 on veth was applied")
+	}
+	for _, want := range []string{"the MTU of " + p.IfB + " (9000) is above what native XDP takes on this driver", "Peer MTU is too large", "the largest it takes is ", "--mode xdp-generic"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	// The largest it names is taken.
+	var largest string
+	if _, after, ok := strings.Cut(err.Error(), "the largest it takes is "); ok {
+		largest, _, _ = strings.Cut(after, ":")
+	}
+	testutil.Run(t, "ip", "-n", p.NsA, "link", "set", p.IfA, "mtu", largest)
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", p.IfB, "mtu", largest)
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--mode", "xdp-native")
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+
+	if _, err := rampart(t, "reattach", "--netns", p.NsB, "--iface", "nope"); err == nil || !strings.Contains(err.Error(), "--iface nope: rampart holds no hook on it") {
+		t.Errorf("reattach --iface nope: %v", err)
+	}
+}

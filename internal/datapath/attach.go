@@ -180,6 +180,9 @@ func attach(a Attachment, ifindex int, objs *Objects, want Mode, force bool) (ho
 		switch m {
 		case ModeXDPNative:
 			l, err = link.AttachXDP(link.XDPOptions{Program: objs.Program(KindXDP), Interface: ifindex, Flags: link.XDPDriverMode})
+			if err != nil && want == ModeXDPNative {
+				err = xdpMTUError(ifindex, err)
+			}
 		case ModeXDPGeneric:
 			l, err = link.AttachXDP(link.XDPOptions{Program: objs.Program(KindXDP), Interface: ifindex, Flags: link.XDPGenericMode})
 		case ModeTC:

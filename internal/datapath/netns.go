@@ -60,3 +60,32 @@ func NetnsExists(name string) error {
 	}
 	return h.Close()
 }
+
+// inScratchNetns runs fn on a thread in a new, unnamed network namespace
+// that goes away, with everything fn made in it, when fn returns.
+func inScratchNetns(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // discarded, not unlocked, if it cannot go back
+		orig, err := netns.Get()
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer orig.Close()
+		scratch, err := netns.New()
+		if err != nil {
+			errc <- fmt.Errorf("a scratch network namespace: %w", err)
+			return
+		}
+		ferr := fn()
+		scratch.Close()
+		if err := netns.Set(orig); err != nil {
+			errc <- err
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}

@@ -257,7 +257,9 @@ func (fw *Firewall) Reattach(ifaces []string) ([]Applied, error) {
 		return nil, err
 	}
 	var out []Applied
+	held := map[string]bool{}
 	err := fw.withHooks(func(h Hook, st *hookState) error {
+		held[h.Iface] = true
 		if len(ifaces) > 0 && !slices.Contains(ifaces, h.Iface) {
 			return nil
 		}
@@ -271,6 +273,11 @@ func (fw *Firewall) Reattach(ifaces []string) ([]Applied, error) {
 		out = append(out, a)
 		return nil
 	})
+	for _, ifc := range ifaces {
+		if !held[ifc] {
+			err = errors.Join(err, fmt.Errorf("--iface %s: rampart holds no hook on it%s (rampart status lists them)", ifc, fw.inNetns()))
+		}
+	}
 	return out, err
 }
 
