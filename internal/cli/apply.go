@@ -67,6 +67,7 @@ this command is killed.`,
 			res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: ifaces, Mode: m, Egress: egress, Force: force, Confirm: confirm})
 			if res != nil {
 				g.notes(res.Recovered)
+				g.warnings(res.Warnings)
 			}
 			if err != nil {
 				return err
@@ -95,7 +96,7 @@ func (g *globals) printApplied(res *engine.ApplyResult) error {
 		if applied == nil {
 			applied = []engine.Applied{}
 		}
-		return g.printJSON(map[string]any{"applied": applied, "netns": g.netns, "confirm_deadline": deadline, "live_changes": nonNil(res.LiveChanges)})
+		return g.printJSON(map[string]any{"applied": applied, "netns": g.netns, "confirm_deadline": deadline, "live_changes": nonNil(res.LiveChanges), "warnings": nonNil(res.Warnings)})
 	}
 	rows := [][]string{{"IFACE", "DIRECTION", "MODE", "RULES", "POLICY", "GEN"}}
 	for _, a := range res.Applied {

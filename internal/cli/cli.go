@@ -167,6 +167,13 @@ func (g *globals) everywhere() ([]*engine.Firewall, error) {
 	return fws, nil
 }
 
+// warnings prints what the engine warns of on stderr.
+func (g *globals) warnings(lines []string) {
+	for _, l := range lines {
+		fmt.Fprintln(g.env.Stderr, "rampart: warning:", l)
+	}
+}
+
 // notes prints the engine's notes on stderr.
 func (g *globals) notes(lines []string) {
 	for _, l := range lines {

@@ -113,3 +113,33 @@ func TestClearErrors(t *testing.T) {
 		t.Errorf("reattach --iface nope: %v", err)
 	}
 }
+
+// TestTunnelWarnings: a tunnel device no rampart hook filters is named by
+// apply and status with the command that covers it (the packets it
+// decapsulates enter the stack on it, past the underlay's filter); once a
+// hook filters it, the warning goes.
+func TestTunnelWarnings(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "add", "rpt-vx0", "type", "vxlan", "id", "42", "dstport", "4789", "local", p.B4.String(), "dev", p.IfB)
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", "rpt-vx0", "up")
+	pol := writeFile(t, "p.yaml", "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
+	want := "tunnel device rpt-vx0 (vxlan) in network namespace " + p.NsB + ": what it decapsulates is not filtered; filter it too: rampart --netns " + p.NsB + " apply -f POLICY --iface rpt-vx0"
+	var applied struct{ Warnings []string }
+	jsonOf(t, &applied, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	if len(applied.Warnings) != 1 || applied.Warnings[0] != want {
+		t.Errorf("apply warnings %q, want [%q]", applied.Warnings, want)
+	}
+	var st struct{ Warnings []string }
+	jsonOf(t, &st, "status", "--netns", p.NsB)
+	if len(st.Warnings) != 1 || st.Warnings[0] != want {
+		t.Errorf("status warnings %q, want [%q]", st.Warnings, want)
+	}
+	jsonOf(t, &applied, "apply", "-f", pol, "--netns", p.NsB, "--iface", "rpt-vx0")
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", "rpt-vx0") })
+	jsonOf(t, &st, "status", "--netns", p.NsB)
+	if len(applied.Warnings) != 0 || len(st.Warnings) != 0 {
+		t.Errorf("with the tunnel filtered: apply warned %q, status %q", applied.Warnings, st.Warnings)
+	}
+}

@@ -26,12 +26,17 @@ command that puts it right.`,
 				return err
 			}
 			hooks := []engine.HookStatus{}
+			warnings := []string{}
 			for _, fw := range fws {
 				hs, err := fw.Status()
 				if err != nil {
 					return err
 				}
 				hooks = append(hooks, hs...)
+				if len(hs) > 0 {
+					w, _ := fw.UnfilteredTunnels() // a namespace that is gone has none to warn of
+					warnings = append(warnings, w...)
+				}
 			}
 			// Status shows what it found, then fails when rampart's own
 			// record of a hook is unreadable: nothing it says of it holds.
@@ -47,11 +52,12 @@ command that puts it right.`,
 			}
 			if g.json {
 				if bad != nil {
-					g.printJSON(map[string]any{"hooks": hooks, "error": errorJSON(bad)})
+					g.printJSON(map[string]any{"hooks": hooks, "warnings": warnings, "error": errorJSON(bad)})
 					return printed{bad}
 				}
-				return g.printJSON(map[string]any{"hooks": hooks})
+				return g.printJSON(map[string]any{"hooks": hooks, "warnings": warnings})
 			}
+			g.warnings(warnings)
 			rows := [][]string{{"IFACE", "DIRECTION", "MODE", "RULES", "POLICY", "APPLIED", "STATE"}}
 			for _, h := range hooks {
 				state := h.State

@@ -48,6 +48,9 @@ type ApplyResult struct {
 	LiveChanges []policy.ListOp
 	// Recovered says what earlier commands left and this one undid.
 	Recovered []string
+	// Warnings are what the policy does not cover: tunnel devices no hook
+	// filters.
+	Warnings []string
 }
 
 // transactionWindow: an apply without Confirm confirms before it returns;
@@ -164,6 +167,9 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 			return nil, errors.Join(fmt.Errorf("%s: %w", h, err), tx.rollback())
 		}
 		res.Applied = append(res.Applied, a)
+	}
+	if !req.Egress {
+		res.Warnings, _ = fw.UnfilteredTunnels() // a warning that cannot be read is no reason to fail
 	}
 	if req.Confirm > 0 {
 		if err := fw.spawn("rollback.log", "rollback-watchdog", "--token", tx.token, "--at", tx.deadline.UTC().Format(time.RFC3339Nano)); err != nil {

@@ -315,3 +315,26 @@ func (fw *Firewall) Program(h Hook) (*ebpf.Program, error) {
 	}
 	return ebpf.NewProgramFromID(ls.Program)
 }
+
+// UnfilteredTunnels warns of the namespace's tunnel devices that no rampart
+// ingress hook filters: the packets they decapsulate enter the stack on the
+// tunnel device, past the underlay interface's filter, so a listed inner
+// source reaches its socket.
+func (fw *Firewall) UnfilteredTunnels() ([]string, error) {
+	tunnels, err := datapath.Tunnels(fw.netns)
+	if err != nil {
+		return nil, err
+	}
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, tun := range tunnels {
+		if !slices.Contains(hooks, Hook{Iface: tun.Name}) {
+			out = append(out, fmt.Sprintf("tunnel device %s (%s)%s: what it decapsulates is not filtered; filter it too: rampart%s apply -f POLICY --iface %s",
+				tun.Name, tun.Kind, fw.inNetns(), fw.netnsFlag(), tun.Name))
+		}
+	}
+	return out, nil
+}
