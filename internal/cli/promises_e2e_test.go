@@ -143,3 +143,50 @@ func TestTunnelWarnings(t *testing.T) {
 		t.Errorf("with the tunnel filtered: apply warned %q, status %q", applied.Warnings, st.Warnings)
 	}
 }
+
+// TestNetnsGone: a namespace deleted under rampart is reported as such, the
+// same way on every call, and the command status suggests removes its pins
+// (and the tables they hold); it used to fail with "no such file".
+func TestNetnsGone(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", "lists:\n  l: {prefixes: [192.0.2.0/24]}\nrules:\n  - {name: d, src: l, action: drop}\n")
+	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+	testutil.Run(t, "ip", "netns", "del", p.NsB)
+	var fix string
+	for i := 0; i < 3; i++ {
+		for _, args := range [][]string{{"status"}, {"status", "--netns", p.NsB}} {
+			var st struct {
+				Hooks []struct{ Iface, Netns, State, Fix string }
+			}
+			jsonOf(t, &st, args...)
+			var ours []string
+			for _, h := range st.Hooks {
+				if h.Netns == p.NsB {
+					ours = append(ours, h.State)
+					fix = h.Fix
+				}
+			}
+			if len(ours) != 1 || ours[0] != "netns-gone" {
+				t.Fatalf("%v, call %d: states %v, want [netns-gone]", args, i, ours)
+			}
+		}
+	}
+	if want := "rampart --netns " + p.NsB + " detach --iface " + p.IfB; fix != want {
+		t.Fatalf("fix %q, want %q", fix, want)
+	}
+	mustRampart(t, strings.Fields(fix)[1:]...)
+	if _, err := os.Stat(filepath.Join(os.Getenv("RAMPART_PIN_ROOT"), "netns-"+p.NsB)); !os.IsNotExist(err) {
+		t.Errorf("pins remain for the deleted namespace: %v", err)
+	}
+	var st statusJSON
+	jsonOf(t, &st, "status")
+	for _, h := range st.Hooks {
+		if h.Netns == p.NsB {
+			t.Errorf("status still lists %+v", h)
+		}
+	}
+	if _, err := rampart(t, "--netns", p.NsB, "status"); err == nil {
+		t.Error("--netns of a namespace that is gone and holds nothing was accepted")
+	}
+}

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -262,8 +263,12 @@ func foreignXDP(a Attachment, ifindex int, force bool) (string, error) {
 }
 
 // Unlink detaches and unpins the attachment's link, and the cookie check's
-// beside it. No link is not an error.
+// beside it. No link is not an error. When the namespace is gone, its
+// interfaces and their hooks went with it: the pins are removed.
 func Unlink(a Attachment) error {
+	if NetnsExists(a.Netns) != nil {
+		return errors.Join(ignoreNotExist(os.Remove(a.LinkPin)), ignoreNotExist(os.Remove(a.LinkPin+"-cookie")))
+	}
 	return InNetns(a.Netns, func() error {
 		var errs []error
 		for _, pin := range []string{a.LinkPin, a.LinkPin + "-cookie"} {

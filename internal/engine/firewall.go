@@ -65,10 +65,28 @@ func New(opt Options) (*Firewall, error) {
 		}
 		*p = abs
 	}
-	if err := datapath.NetnsExists(opt.Netns); err != nil {
+	// A namespace that is gone while rampart still holds pins or state for
+	// it can be reported and detached; any other must exist.
+	if err := datapath.NetnsExists(opt.Netns); err != nil && !fw.holdsAnything() {
 		return nil, err
 	}
 	return fw, nil
+}
+
+// holdsAnything reports whether rampart has pins or state for the
+// firewall's namespace.
+func (fw *Firewall) holdsAnything() bool {
+	for _, dir := range []string{fw.scopePins(), fw.scopeState()} {
+		if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// netnsGone reports whether the firewall's namespace no longer exists.
+func (fw *Firewall) netnsGone() bool {
+	return fw.netns != "" && datapath.NetnsExists(fw.netns) != nil
 }
 
 // All opens a firewall for every namespace rampart holds something for under

@@ -29,6 +29,10 @@ const (
 	// StateUnreadable: the kernel runs the hook but rampart's record of
 	// what it runs is missing or corrupt.
 	StateUnreadable = "state-unreadable"
+	// StateNetnsGone: the hook's network namespace was deleted, and its
+	// interfaces and links with it; the pins (and the tables they hold)
+	// remain until detach.
+	StateNetnsGone = "netns-gone"
 )
 
 // HookStatus is what runs on a hook.
@@ -80,6 +84,9 @@ func (fw *Firewall) Status() ([]HookStatus, error) {
 // judge says what state a hook is in, and what puts it right.
 func (fw *Firewall) judge(h Hook, st *hookState) (string, string) {
 	reattach := fmt.Sprintf("rampart%s reattach --iface %s", fw.netnsFlag(), h.Iface)
+	if fw.netnsGone() {
+		return StateNetnsGone, fmt.Sprintf("rampart%s detach --iface %s", fw.netnsFlag(), h.Iface)
+	}
 	idx, _ := datapath.Ifindex(fw.netns, h.Iface)
 	switch {
 	case !st.link.Pinned:
