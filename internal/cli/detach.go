@@ -9,11 +9,23 @@ import (
 
 func detachCmd(g *globals) *cobra.Command {
 	var ifaces []string
+	var unpinned bool
 	c := &cobra.Command{
-		Use:   "detach --iface IF [--iface IF2]",
+		Use:   "detach --iface IF [--iface IF2] | --unpinned",
 		Short: "Remove rampart from interfaces: links, pinned objects, state and live list changes, nothing else",
-		Args:  cobra.NoArgs,
+		Long: `detach removes rampart from the interfaces named: links, pinned objects, state
+and live list changes, nothing else. --unpinned instead removes the rampart
+programs the kernel runs on the namespace's interfaces that no pin under the
+pin root accounts for (status lists them): left by a pin root mounted over,
+or by another pin root.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if unpinned {
+				if len(ifaces) > 0 {
+					return errors.New("--unpinned removes what no pin accounts for: give it without --iface")
+				}
+				return g.detachUnpinned()
+			}
 			if len(ifaces) == 0 {
 				return errors.New("--iface is required: the interface(s) to detach from")
 			}
@@ -39,7 +51,30 @@ func detachCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringArrayVar(&ifaces, "iface", nil, "interface to detach from (repeat for several)")
+	c.Flags().BoolVar(&unpinned, "unpinned", false, "remove the rampart programs on the namespace's interfaces that no pin accounts for")
 	return c
+}
+
+func (g *globals) detachUnpinned() error {
+	fw, err := g.firewall()
+	if err != nil {
+		return err
+	}
+	done, err := fw.DetachUnpinned()
+	var names []string
+	for _, k := range done {
+		names = append(names, k.String()+inNetns(g.netns))
+	}
+	if g.json && err == nil {
+		return g.printJSON(map[string]any{"detached": nonNil(names)})
+	}
+	if len(names) == 0 && err == nil {
+		fmt.Fprintln(g.env.Stdout, "no unpinned rampart program runs here")
+	}
+	for _, n := range names {
+		fmt.Fprintln(g.env.Stdout, "detached", n)
+	}
+	return err
 }
 
 func reattachCmd(g *globals) *cobra.Command {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -188,5 +189,54 @@ func TestNetnsGone(t *testing.T) {
 	}
 	if _, err := rampart(t, "--netns", p.NsB, "status"); err == nil {
 		t.Error("--netns of a namespace that is gone and holds nothing was accepted")
+	}
+}
+
+// TestUnpinnedPrograms: with bpffs mounted again over the pin root, the
+// pins are out of sight while the XDP program keeps dropping. Status starts
+// from what the kernel runs: it reports the rampart program it finds no pin
+// for, apply warns of it, and detach --unpinned removes it (status used to
+// print nothing, and detach left it running).
+func TestUnpinnedPrograms(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pins, state := testutil.Roots(t)
+	r := func(args ...string) []string {
+		return append([]string{"--pin-root", pins, "--state-root", state, "--netns", p.NsB}, args...)
+	}
+	pol := writeFile(t, "p.yaml", "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
+	mustRampart(t, r("apply", "-f", pol, "--iface", p.IfB, "--mode", "xdp-native")...)
+	testutil.Run(t, "mount", "-t", "bpf", "bpf", pins)
+	t.Cleanup(func() { testutil.Run(t, "umount", pins) })
+
+	var st struct {
+		Unpinned []struct{ Iface, Hook, Netns, Fix string }
+	}
+	jsonOf(t, &st, r("status")...)
+	want := "rampart --netns " + p.NsB + " detach --unpinned"
+	if len(st.Unpinned) != 1 || st.Unpinned[0].Iface != p.IfB || st.Unpinned[0].Hook != "xdp" || st.Unpinned[0].Fix != want {
+		t.Fatalf("unpinned: %+v, want the XDP program on %s fixed by %q", st.Unpinned, p.IfB, want)
+	}
+	var applied struct{ Warnings []string }
+	jsonOf(t, &applied, r("apply", "-f", pol, "--iface", p.IfB, "--mode", "tc")...)
+	if len(applied.Warnings) != 1 || !strings.Contains(applied.Warnings[0], "no pin accounts for") {
+		t.Errorf("apply beside it warned %q", applied.Warnings)
+	}
+	mustRampart(t, r("detach", "--iface", p.IfB)...)
+	if out := testutil.Run(t, "ip", "-n", p.NsB, "link", "show", p.IfB); !strings.Contains(out, "xdp") {
+		t.Fatalf("the unpinned XDP program is gone before detach --unpinned: %s", out)
+	}
+	mustRampart(t, r("detach", "--unpinned")...)
+	if out := testutil.Run(t, "ip", "-n", p.NsB, "link", "show", p.IfB); strings.Contains(out, "xdp") {
+		t.Errorf("XDP still attached after detach --unpinned: %s", out)
+	}
+	jsonOf(t, &st, r("status")...)
+	if len(st.Unpinned) != 0 {
+		t.Errorf("still unpinned: %+v", st.Unpinned)
+	}
+	rx := testutil.UDPListener(t, p.NsB, p.B4, 9000)
+	testutil.SendUDP(t, p.NsA, p.B4, 9000, 50)
+	if got := testutil.CountUDP(rx, 300*time.Millisecond); got != 50 {
+		t.Errorf("%d of 50 datagrams arrived after everything was removed", got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
 )
 
@@ -27,12 +28,20 @@ command that puts it right.`,
 			}
 			hooks := []engine.HookStatus{}
 			warnings := []string{}
+			unpinned := []unpinnedHook{}
 			for _, fw := range fws {
 				hs, err := fw.Status()
 				if err != nil {
 					return err
 				}
 				hooks = append(hooks, hs...)
+				found, err := fw.Unpinned()
+				if err != nil {
+					return err
+				}
+				for _, k := range found {
+					unpinned = append(unpinned, unpinnedHook{k, fw.Netns(), "rampart" + netnsFlag(fw.Netns()) + " detach --unpinned"})
+				}
 				if len(hs) > 0 {
 					w, _ := fw.UnfilteredTunnels() // a namespace that is gone has none to warn of
 					warnings = append(warnings, w...)
@@ -52,10 +61,10 @@ command that puts it right.`,
 			}
 			if g.json {
 				if bad != nil {
-					g.printJSON(map[string]any{"hooks": hooks, "warnings": warnings, "error": errorJSON(bad)})
+					g.printJSON(map[string]any{"hooks": hooks, "unpinned": unpinned, "warnings": warnings, "error": errorJSON(bad)})
 					return printed{bad}
 				}
-				return g.printJSON(map[string]any{"hooks": hooks, "warnings": warnings})
+				return g.printJSON(map[string]any{"hooks": hooks, "unpinned": unpinned, "warnings": warnings})
 			}
 			g.warnings(warnings)
 			rows := [][]string{{"IFACE", "DIRECTION", "MODE", "RULES", "POLICY", "APPLIED", "STATE"}}
@@ -79,7 +88,27 @@ command that puts it right.`,
 					hash, applied, state})
 			}
 			g.table(rows)
+			if len(unpinned) > 0 {
+				fmt.Fprintf(g.env.Stdout, "\nrampart programs the kernel runs that no pin under %s accounts for (a pin root mounted over, or another root's):\n", g.pinRoot)
+				for _, u := range unpinned {
+					fmt.Fprintf(g.env.Stdout, "  %s%s: remove with %s\n", u.String(), inNetns(u.Netns), u.Fix)
+				}
+			}
 			return bad
 		},
 	}
+}
+
+// unpinnedHook is a rampart program found on an interface with no pin.
+type unpinnedHook struct {
+	datapath.KernelHook
+	Netns string `json:"netns,omitempty"`
+	Fix   string `json:"fix"`
+}
+
+func netnsFlag(ns string) string {
+	if ns == "" {
+		return ""
+	}
+	return " --netns " + ns
 }

@@ -272,7 +272,7 @@ func SumPerCPU(m *ebpf.Map) (uint64, error) {
 // generation's), so that a link's program can be matched to its generation.
 func PinnedPrograms(dir string) []ebpf.ProgramID {
 	var ids []ebpf.ProgramID
-	for _, name := range []string{filterProgRampartXdp, filterProgRampartTc} {
+	for _, name := range []string{filterProgRampartXdp, filterProgRampartTc, filterProgRampartTcCookie} {
 		p, err := ebpf.LoadPinnedProgram(filepath.Join(dir, name), nil)
 		if err != nil {
 			continue

@@ -171,6 +171,13 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	if !req.Egress {
 		res.Warnings, _ = fw.UnfilteredTunnels() // a warning that cannot be read is no reason to fail
 	}
+	if found, err := fw.Unpinned(); err == nil {
+		for _, k := range found {
+			if slices.ContainsFunc(hooks, func(h Hook) bool { return h.Iface == k.Iface }) {
+				res.Warnings = append(res.Warnings, fmt.Sprintf("%s also runs a rampart program no pin accounts for (%s), beside this policy: remove it with rampart%s detach --unpinned", k.Iface, k, fw.netnsFlag()))
+			}
+		}
+	}
 	if req.Confirm > 0 {
 		if err := fw.spawn("rollback.log", "rollback-watchdog", "--token", tx.token, "--at", tx.deadline.UTC().Format(time.RFC3339Nano)); err != nil {
 			return nil, errors.Join(fmt.Errorf("start the rollback watchdog: %w", err), tx.rollback())

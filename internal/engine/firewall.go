@@ -99,6 +99,14 @@ func All(opt Options) ([]*Firewall, error) {
 	}
 	out := []*Firewall{host}
 	seen := map[string]bool{}
+	// Every named namespace too: what the kernel runs there is reported
+	// even where no pin or state of these roots names it.
+	if named, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range named {
+			seen[e.Name()] = true
+			out = append(out, &Firewall{pinRoot: host.pinRoot, stateRoot: host.stateRoot, netns: e.Name()})
+		}
+	}
 	for _, root := range []string{host.pinRoot, host.stateRoot} {
 		entries, err := os.ReadDir(root)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {

@@ -3,7 +3,10 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -344,4 +347,57 @@ func (fw *Firewall) UnfilteredTunnels() ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Unpinned lists the rampart programs the kernel runs on the namespace's
+// interfaces that no pin under the pin root accounts for: left by a pin
+// root mounted over (bpffs mounted twice), deleted, or another root's.
+// They filter, yet no hook of this root reports or removes them.
+func (fw *Firewall) Unpinned() ([]datapath.KernelHook, error) {
+	if fw.netnsGone() {
+		return nil, nil
+	}
+	running, err := datapath.KernelHooks(fw.netns)
+	if err != nil {
+		return nil, err
+	}
+	known := map[ebpf.ProgramID]bool{}
+	filepath.WalkDir(fw.pinRoot, func(path string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && strings.HasPrefix(d.Name(), "gen-") {
+			for _, id := range datapath.PinnedPrograms(path) {
+				known[id] = true
+			}
+		}
+		return nil
+	})
+	var out []datapath.KernelHook
+	for _, k := range running {
+		if !known[k.Program] {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}
+
+// DetachUnpinned removes what Unpinned lists.
+func (fw *Firewall) DetachUnpinned() ([]datapath.KernelHook, error) {
+	unlock, err := fw.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	found, err := fw.Unpinned()
+	if err != nil {
+		return nil, err
+	}
+	var done []datapath.KernelHook
+	var errs []error
+	for _, k := range found {
+		if err := datapath.InNetns(fw.netns, k.Remove); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", k, err))
+			continue
+		}
+		done = append(done, k)
+	}
+	return done, errors.Join(errs...)
 }

@@ -1,0 +1,115 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+)
+
+// KernelHook is a rampart program the kernel runs on an interface, found
+// from the interface's side (its XDP program, its tcx programs, its clsact
+// filter), not from pins: what runs even where the pins are out of sight.
+type KernelHook struct {
+	Iface   string         `json:"iface"`
+	Egress  bool           `json:"egress"`
+	Hook    string         `json:"hook"` // xdp, tcx or clsact
+	Program ebpf.ProgramID `json:"program_id"`
+	Name    string         `json:"program_name"`
+	Tag     string         `json:"program_tag"`
+}
+
+// rampartProgram reports whether a program's name is one of the filter's
+// (the kernel keeps 15 bytes of it: rampart_xdp, rampart_tc, rampart_tc_cook).
+func rampartProgram(name string) bool {
+	return name == filterProgRampartXdp || name == filterProgRampartTc || strings.HasPrefix(filterProgRampartTcCookie, name) && len(name) >= len("rampart_tc_")
+}
+
+// KernelHooks lists the rampart programs the kernel runs on the interfaces
+// of the namespace.
+func KernelHooks(netns string) ([]KernelHook, error) {
+	var out []KernelHook
+	err := InNetns(netns, func() error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		add := func(l netlink.Link, egress bool, hook string, id ebpf.ProgramID) {
+			p, err := ebpf.NewProgramFromID(id)
+			if err != nil {
+				return
+			}
+			defer p.Close()
+			info, err := p.Info()
+			if err != nil || !rampartProgram(info.Name) {
+				return
+			}
+			out = append(out, KernelHook{Iface: l.Attrs().Name, Egress: egress, Hook: hook, Program: id, Name: info.Name, Tag: info.Tag})
+		}
+		for _, l := range links {
+			a := l.Attrs()
+			if a.Xdp != nil && a.Xdp.Attached && a.Xdp.ProgId != 0 {
+				add(l, false, "xdp", ebpf.ProgramID(a.Xdp.ProgId))
+			}
+			for _, egress := range []bool{false, true} {
+				at := map[bool]ebpf.AttachType{false: ebpf.AttachTCXIngress, true: ebpf.AttachTCXEgress}[egress]
+				if r, err := link.QueryPrograms(link.QueryOptions{Target: a.Index, Attach: at}); err == nil {
+					for _, p := range r.Programs {
+						add(l, egress, "tcx", p.ID)
+					}
+				}
+				f := &clsactFilter{ifindex: a.Index, egress: egress}
+				if id, err := f.running(); err == nil && id != 0 {
+					add(l, egress, "clsact", id)
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Remove takes the program off its interface: the link that holds it is
+// detached (found by its program among the kernel's links), a clsact filter
+// deleted. The caller is in the hook's namespace.
+func (k KernelHook) Remove() error {
+	l, err := netlink.LinkByName(k.Iface)
+	if err != nil {
+		return err
+	}
+	if k.Hook == "clsact" {
+		f := &clsactFilter{ifindex: l.Attrs().Index, egress: k.Egress}
+		return f.Detach()
+	}
+	it := new(link.Iterator)
+	defer it.Close()
+	for it.Next() {
+		kl := it.Take()
+		info, err := kl.Info()
+		if err == nil && info.Program == k.Program {
+			err = kl.Detach()
+			kl.Close()
+			return err
+		}
+		kl.Close()
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	if k.Hook == "xdp" { // attached without a link
+		return netlink.LinkSetXdpFdWithFlags(l, -1, int(l.Attrs().Xdp.Flags)&(nl.XDP_FLAGS_SKB_MODE|nl.XDP_FLAGS_DRV_MODE))
+	}
+	return errors.New("no link holds it")
+}
+
+func (k KernelHook) String() string {
+	dir := "ingress"
+	if k.Egress {
+		dir = "egress"
+	}
+	return fmt.Sprintf("%s %s (%s, program %d %s, tag %s)", k.Iface, dir, k.Hook, k.Program, k.Name, k.Tag)
+}
