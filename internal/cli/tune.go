@@ -54,8 +54,20 @@ both files.`,
 				fmt.Fprintln(g.env.Stdout, "reverted: the TCP settings are what they were before --apply")
 				return nil
 			}
-			if rtt <= 0 {
+			if !cmd.Flags().Changed("rtt") {
 				return errors.New("--rtt is required: the path's round-trip time, e.g. --rtt 146ms")
+			}
+			if rtt < tune.MinRTT || rtt > tune.MaxRTT {
+				why := "too long"
+				switch {
+				case rtt < 0:
+					why = "negative"
+				case rtt == 0:
+					why = "zero"
+				case rtt < tune.MinRTT:
+					why = "too short"
+				}
+				return fmt.Errorf("--rtt %v is out of range (%s): give the path's round-trip time, %v to %v, e.g. --rtt 146ms", rtt, why, tune.MinRTT, tune.MaxRTT)
 			}
 			var rate float64
 			if bandwidth != "" {
@@ -64,14 +76,14 @@ both files.`,
 					return fmt.Errorf("--bandwidth %w", err)
 				}
 			}
-			if conns < 1 {
-				return errors.New("--conns must be at least 1")
+			if conns < 1 || conns > tune.MaxConns {
+				return fmt.Errorf("--conns %d is out of range: give 1 to %d connections", conns, tune.MaxConns)
 			}
 			if apply && rate == 0 {
 				return errors.New("--apply needs --bandwidth: the buffers are sized for a path's bandwidth × RTT")
 			}
-			if mtu < 576 || mtu > 65535 {
-				return fmt.Errorf("--mtu %d: give the path's MTU, 576 to 65535", mtu)
+			if mtu < tune.MinMTU || mtu > tune.MaxMTU {
+				return fmt.Errorf("--mtu %d is out of range: give the path's MTU, %d to %d", mtu, tune.MinMTU, tune.MaxMTU)
 			}
 			s, err := tune.ReadTCP(root)
 			if err != nil {
@@ -103,9 +115,9 @@ both files.`,
 		},
 	}
 	f := c.Flags()
-	f.DurationVar(&rtt, "rtt", 0, "the path's round-trip time")
-	f.StringVar(&bandwidth, "bandwidth", "", "the path's bandwidth: 1Gbit, 100Mbit/s, 112MB/s")
-	f.IntVar(&conns, "conns", 1, "connections that fill the path at once (tcp_mem holds them all)")
+	f.DurationVar(&rtt, "rtt", 0, "the path's round-trip time, 1µs to 10s")
+	f.StringVar(&bandwidth, "bandwidth", "", "the path's bandwidth, 1kbit to 10000Gbit: 1Gbit, 100Mbit/s, 112MB/s")
+	f.IntVar(&conns, "conns", 1, "connections that fill the path at once, 1 to 1000000 (tcp_mem holds them all, within memory)")
 	f.IntVar(&mtu, "mtu", 1500, "the path's MTU (the window's share of the buffer follows it from Linux 6.6)")
 	f.StringVar(&root, "root", "/", "read and write proc/, etc/ and var/ under this directory instead of /")
 	f.BoolVar(&apply, "apply", false, "set the recommended values and keep them in /etc/sysctl.d")

@@ -26,12 +26,29 @@ type TCPSettings struct {
 	SlowStartAfterIdle bool     // net.ipv4.tcp_slow_start_after_idle
 	Kernel             [2]int   // major, minor
 	MTU                int      // of the path, for the kernel's window ratio from 6.6 (1500 if 0)
+	MemPages           int64    // MemTotal of proc/meminfo in pages, 0 when it cannot be read
 }
 
 // sendPayloadRatio is how much of a send buffer carries data in flight:
 // the rest is the overhead of the skbs that hold it, measured at 0.7 on a
-// long fat pipe (the field report this tool grew from).
+// long fat pipe.
 const sendPayloadRatio = 0.7
+
+// maxBuffer is the largest tcp_rmem, tcp_wmem, rmem_max and wmem_max
+// entry the kernel takes: they are C ints (INT_MAX).
+const maxBuffer = math.MaxInt32
+
+// The paths tune tcp plans for. Beyond them an input is a typo or a unit
+// slip, and its buffers would be past what the kernel takes anyway.
+const (
+	MinRTT       = time.Microsecond // below what ping measures over loopback
+	MaxRTT       = 10 * time.Second // a geostationary hop behind a bloated queue is a few seconds
+	MinBandwidth = 1e3 / 8          // 1 kbit/s, in bytes per second
+	MaxBandwidth = 10e12 / 8        // 10 Tbit/s, past the fastest Ethernet
+	MaxConns     = 1_000_000
+	MinMTU       = 576   // the least every IPv4 host must take
+	MaxMTU       = 65535 // the most an IPv4 packet can be
+)
 
 // segmentScalingRatio is the share of a receive buffer the kernel
 // advertises as window from Linux 6.6 on: each connection measures its
@@ -66,20 +83,36 @@ func ReadTCP(root string) (TCPSettings, error) {
 		}
 		return v, nil
 	}
-	three := func(name string, into *[3]int64) error {
+	// A value the kernel cannot hold (a negative buffer, say) would give
+	// negative rates and buffers: refused, naming the file.
+	inRange := func(name string, v []int64, lo, hi int64) error {
+		for _, n := range v {
+			if n < lo || n > hi {
+				return fmt.Errorf("%s holds %d, out of the kernel's range %d to %d: set %s right (sysctl -w) and run again", sysctlPath(root, name), n, lo, hi, name)
+			}
+		}
+		return nil
+	}
+	three := func(name string, into *[3]int64, lo, hi int64) error {
 		v, err := read(name)
 		if err == nil && len(v) != 3 {
-			err = fmt.Errorf("%s: want 3 values, got %d", name, len(v))
+			err = fmt.Errorf("%s: want 3 values, got %d", sysctlPath(root, name), len(v))
+		}
+		if err == nil {
+			err = inRange(name, v, lo, hi)
 		}
 		if err == nil {
 			copy(into[:], v)
 		}
 		return err
 	}
-	one := func(name string) (int64, error) {
+	one := func(name string, lo, hi int64) (int64, error) {
 		v, err := read(name)
 		if err == nil && len(v) != 1 {
-			err = fmt.Errorf("%s: want 1 value, got %d", name, len(v))
+			err = fmt.Errorf("%s: want 1 value, got %d", sysctlPath(root, name), len(v))
+		}
+		if err == nil {
+			err = inRange(name, v, lo, hi)
 		}
 		if err != nil {
 			return 0, err
@@ -87,30 +120,35 @@ func ReadTCP(root string) (TCPSettings, error) {
 		return v[0], nil
 	}
 	for _, x := range []struct {
-		name string
-		into *[3]int64
-	}{{"net.ipv4.tcp_rmem", &s.Rmem}, {"net.ipv4.tcp_wmem", &s.Wmem}, {"net.ipv4.tcp_mem", &s.Mem}} {
-		if err := three(x.name, x.into); err != nil {
+		name   string
+		into   *[3]int64
+		lo, hi int64
+	}{
+		{"net.ipv4.tcp_rmem", &s.Rmem, 1, maxBuffer},
+		{"net.ipv4.tcp_wmem", &s.Wmem, 1, maxBuffer},
+		{"net.ipv4.tcp_mem", &s.Mem, 0, math.MaxInt64},
+	} {
+		if err := three(x.name, x.into, x.lo, x.hi); err != nil {
 			return s, err
 		}
 	}
 	var err error
-	if s.RmemMax, err = one("net.core.rmem_max"); err != nil {
+	if s.RmemMax, err = one("net.core.rmem_max", 1, maxBuffer); err != nil {
 		return s, err
 	}
-	if s.WmemMax, err = one("net.core.wmem_max"); err != nil {
+	if s.WmemMax, err = one("net.core.wmem_max", 1, maxBuffer); err != nil {
 		return s, err
 	}
-	scale, err := one("net.ipv4.tcp_adv_win_scale")
+	scale, err := one("net.ipv4.tcp_adv_win_scale", -31, 31)
 	if err != nil {
 		return s, err
 	}
 	s.AdvWinScale = int(scale)
-	ws, err := one("net.ipv4.tcp_window_scaling")
+	ws, err := one("net.ipv4.tcp_window_scaling", math.MinInt64, math.MaxInt64)
 	if err != nil {
 		return s, err
 	}
-	ss, err := one("net.ipv4.tcp_slow_start_after_idle")
+	ss, err := one("net.ipv4.tcp_slow_start_after_idle", math.MinInt64, math.MaxInt64)
 	if err != nil {
 		return s, err
 	}
@@ -120,9 +158,35 @@ func ReadTCP(root string) (TCPSettings, error) {
 		return s, err
 	}
 	if _, err := fmt.Sscanf(string(rel), "%d.%d", &s.Kernel[0], &s.Kernel[1]); err != nil {
-		return s, fmt.Errorf("kernel/osrelease %q: %w", strings.TrimSpace(string(rel)), err)
+		return s, fmt.Errorf("%s %q: %w", filepath.Join(root, "proc/sys/kernel/osrelease"), strings.TrimSpace(string(rel)), err)
 	}
-	return s, nil
+	s.MemPages, err = readMemPages(root)
+	return s, err
+}
+
+// readMemPages is MemTotal of root's proc/meminfo in pages, what tcp_mem
+// counts in; 0 when the file is absent (a tree without it).
+func readMemPages(root string) (int64, error) {
+	p := filepath.Join(root, "proc/meminfo")
+	b, err := os.ReadFile(p)
+	if os.IsNotExist(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		v, ok := strings.CutPrefix(l, "MemTotal:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil || kb <= 0 || kb > math.MaxInt64/1024 {
+			return 0, fmt.Errorf("%s:%d: %q is not a memory size in kB", p, i+1, strings.TrimSpace(l))
+		}
+		return kb * 1024 / int64(os.Getpagesize()), nil
+	}
+	return 0, fmt.Errorf("%s: no MemTotal line", p)
 }
 
 // scalingRatio is the share of receive-buffer space the kernel advertises
@@ -168,12 +232,29 @@ func (s TCPSettings) RateNow(rtt time.Duration) (rate float64, limit string) {
 // bottleneck's queue adds to the RTT.
 const bufferHeadroom = 1.25
 
-// Buffers are the tcp_rmem and tcp_wmem maxima that fill a path of rate
-// (bytes per second) and rtt: the receiver advertises rate × rtt as
-// window, the sender keeps rate × rtt in flight, both with headroom.
-func (s TCPSettings) Buffers(rate float64, rtt time.Duration) (rmem, wmem int64) {
+// bufferBytes are the tcp_rmem and tcp_wmem maxima that fill a path of
+// rate (bytes per second) and rtt: the receiver advertises rate × rtt as
+// window, the sender keeps rate × rtt in flight, both with headroom. They
+// are floats, as large as the path asks: the caller caps them.
+func (s TCPSettings) bufferBytes(rate float64, rtt time.Duration) (rmem, wmem float64) {
 	bdp := rate * rtt.Seconds() * bufferHeadroom
-	return int64(math.Ceil(bdp / s.scalingRatio())), int64(math.Ceil(bdp / sendPayloadRatio))
+	return math.Ceil(bdp / s.scalingRatio()), math.Ceil(bdp / sendPayloadRatio)
+}
+
+// capBuffer is a buffer size the kernel takes: 1 to maxBuffer bytes (a NaN
+// from a path of no rate is 1). Converting a float past int64's range
+// would give a negative number.
+func capBuffer(b float64) int64 {
+	if !(b >= 1) {
+		return 1
+	}
+	return int64(min(b, maxBuffer))
+}
+
+// Buffers are bufferBytes capped at what the kernel takes.
+func (s TCPSettings) Buffers(rate float64, rtt time.Duration) (rmem, wmem int64) {
+	r, w := s.bufferBytes(rate, rtt)
+	return capBuffer(r), capBuffer(w)
 }
 
 // Sysctl is one setting: what it is and what the path needs.
@@ -211,20 +292,28 @@ func PlanTCP(s TCPSettings, bandwidth float64, rtt time.Duration, conns int) TCP
 	rmem, wmem := s.Rmem, s.Wmem
 	rmemMax, wmemMax, mem := s.RmemMax, s.WmemMax, s.Mem
 	if bandwidth > 0 {
-		r, w := s.Buffers(bandwidth, rtt)
-		rmem[2], wmem[2] = max(rmem[2], r), max(wmem[2], w)
+		rb, wb := s.bufferBytes(bandwidth, rtt)
+		rmem[2], wmem[2] = max(rmem[2], capBuffer(rb)), max(wmem[2], capBuffer(wb))
 		rmemMax, wmemMax = max(rmemMax, rmem[2]), max(wmemMax, wmem[2])
-		// tcp_mem's pressure threshold holds conns full connections.
-		pages := (rmem[2] + wmem[2]) * int64(max(conns, 1)) / int64(os.Getpagesize())
-		if mem[1] < pages {
-			mem = [3]int64{mem[0], pages, pages + pages/2}
-		}
+		memFinding, memOK := s.sizeMem(&mem, rmem[2]+wmem[2], conns)
 		if p.RateNow < 0.95*bandwidth {
 			p.Findings = append(p.Findings, Finding{
 				ID:       "tcp-" + strings.ReplaceAll(p.RateLimitBy, " ", "-") + "-caps-rate",
 				Evidence: fmt.Sprintf("the %s caps one connection at %.1f MB/s on this %v path, %.0f%% of its %.1f MB/s", p.RateLimitBy, p.RateNow/1e6, rtt, 100*p.RateNow/bandwidth, bandwidth/1e6),
 				Fix:      fmt.Sprintf("sysctl -w net.ipv4.tcp_rmem='%s' net.ipv4.tcp_wmem='%s'", triple(rmem), triple(wmem)),
 			})
+		}
+		if rb > maxBuffer || wb > maxBuffer {
+			capped := s
+			capped.Rmem[2], capped.Wmem[2] = rmem[2], wmem[2]
+			rate, _ := capped.RateNow(rtt)
+			p.Findings = append(p.Findings, Finding{ID: "tcp-buffers-capped",
+				Evidence: fmt.Sprintf("one connection at %.1f MB/s on this %v path needs a %.0f-byte receive buffer and a %.0f-byte send buffer, past the kernel's limit of %d bytes: capped at it, they carry %.1f MB/s", bandwidth/1e6, rtt, rb, wb, maxBuffer, rate/1e6),
+				Fix:      fmt.Sprintf("spread the transfer over %.0f connections or more", math.Ceil(bandwidth/rate)),
+			})
+		}
+		if memOK {
+			p.Findings = append(p.Findings, memFinding)
 		}
 	}
 	if s.SlowStartAfterIdle {
@@ -247,8 +336,40 @@ func PlanTCP(s TCPSettings, bandwidth float64, rtt time.Duration, conns int) TCP
 	return p
 }
 
+// sizeMem raises tcp_mem's pressure threshold to hold conns connections
+// of perConn bytes of buffers each, and its maximum half as high again.
+// Both stay within the machine's memory: past it the threshold is capped
+// with a finding, and without meminfo to bound it tcp_mem is left alone.
+func (s TCPSettings) sizeMem(mem *[3]int64, perConn int64, conns int) (Finding, bool) {
+	page := float64(os.Getpagesize())
+	need := float64(perConn) * float64(max(conns, 1)) / page // float: no overflow whatever conns is
+	if float64(mem[1]) >= need {
+		return Finding{}, false
+	}
+	if s.MemPages <= 0 {
+		return Finding{ID: "tcp-mem-unbounded",
+			Evidence: fmt.Sprintf("%d connections need a tcp_mem pressure threshold of %.0f pages, but proc/meminfo could not be read to bound it by the machine's memory: tcp_mem is left as it is", max(conns, 1), need),
+			Fix:      "run on the host itself, where /proc/meminfo says how much memory there is"}, true
+	}
+	// The pressure threshold keeps a third of memory from TCP.
+	limit := s.MemPages * 2 / 3
+	if need <= float64(limit) {
+		pages := int64(need)
+		*mem = [3]int64{mem[0], pages, pages + pages/2}
+		return Finding{}, false
+	}
+	if mem[1] < limit {
+		*mem = [3]int64{mem[0], limit, s.MemPages}
+	}
+	fit := max(int64(float64(limit)*page/float64(perConn)), 1)
+	return Finding{ID: "tcp-mem-capped",
+		Evidence: fmt.Sprintf("%d connections with full buffers need %.0f pages of TCP memory, past two thirds of the machine's %d pages: tcp_mem is capped there", max(conns, 1), need, s.MemPages),
+		Fix:      fmt.Sprintf("plan for fewer connections at once: memory holds %d full ones (--conns %d)", fit, fit)}, true
+}
+
 // ParseRate reads a bandwidth: bits ("1Gbit", "100Mbit/s", "500kbit") or
-// bytes ("112MB/s", "1.5GB"), decimal units; bytes per second.
+// bytes ("112MB/s", "1.5GB"), decimal units; bytes per second, from
+// MinBandwidth to MaxBandwidth.
 func ParseRate(s string) (float64, error) {
 	v := strings.TrimSuffix(strings.TrimSpace(s), "/s")
 	for _, u := range []struct {
@@ -257,8 +378,11 @@ func ParseRate(s string) (float64, error) {
 	}{{"Gbit", 1e9 / 8}, {"Mbit", 1e6 / 8}, {"kbit", 1e3 / 8}, {"bit", 1.0 / 8}, {"GB", 1e9}, {"MB", 1e6}, {"kB", 1e3}, {"B", 1}} {
 		if n, ok := strings.CutSuffix(v, u.suffix); ok {
 			f, err := strconv.ParseFloat(n, 64)
-			if err != nil || f <= 0 || math.IsInf(f, 0) {
+			if err != nil || math.IsNaN(f) {
 				break
+			}
+			if r := f * u.mult; r < MinBandwidth || r > MaxBandwidth {
+				return 0, fmt.Errorf("%q is out of range: give 1kbit/s to 10000Gbit/s", s)
 			}
 			return f * u.mult, nil
 		}
@@ -286,6 +410,20 @@ func ApplyTCP(root string, p TCPPlan) error {
 	for _, f := range p.Findings {
 		if f.ID == "tcp-slow-start-after-idle" {
 			set = append(set, Sysctl{"net.ipv4.tcp_slow_start_after_idle", "1", "0"})
+		}
+	}
+	// PlanTCP keeps its values in range; this holds for any plan, before
+	// anything is written: a value past a C int would be cut to garbage
+	// by the kernel, and one refused half way leaves the host half set.
+	for _, x := range set {
+		hi := int64(maxBuffer)
+		if x.Name == "net.ipv4.tcp_mem" {
+			hi = math.MaxInt64 // a long, in pages
+		}
+		for _, f := range strings.Fields(x.Recommended) {
+			if n, err := strconv.ParseInt(f, 10, 64); err != nil || n < 0 || n > hi {
+				return fmt.Errorf("%s %q: %q is out of the kernel's range 0 to %d; nothing was changed", x.Name, x.Recommended, f, hi)
+			}
 		}
 	}
 	prev := filepath.Join(root, previousConf)

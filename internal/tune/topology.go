@@ -54,12 +54,17 @@ func readTrim(path string) (string, error) {
 	return strings.TrimSpace(string(b)), err
 }
 
+// readInt reads a file holding one number; errors name the file.
 func readInt(path string) (int, error) {
 	s, err := readTrim(path)
 	if err != nil {
 		return 0, err
 	}
-	return strconv.Atoi(s)
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %q is not a number", path, s)
+	}
+	return n, nil
 }
 
 // ReadMachine reads the topology under root and the NICs of ifaces, bonds
@@ -81,9 +86,16 @@ func ReadMachine(root string, ifaces []string) (*Machine, error) {
 			return nil, fmt.Errorf("%s/isolated: %w", cpuDir, err)
 		}
 	}
+	if len(online) == 0 {
+		return nil, fmt.Errorf("%s/online: no CPU is online", cpuDir)
+	}
 	possible := online
 	if s, err := readTrim(filepath.Join(cpuDir, "possible")); err == nil {
-		if p, err := ParseCPUList(s); err == nil && len(p) > 0 {
+		p, err := ParseCPUList(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s/possible: %w", cpuDir, err)
+		}
+		if len(p) > 0 {
 			possible = p
 		}
 	}
@@ -91,7 +103,10 @@ func ReadMachine(root string, ifaces []string) (*Machine, error) {
 	nodeOf := map[int]int{}
 	nodeDirs, _ := filepath.Glob(filepath.Join(root, "sys/devices/system/node/node[0-9]*"))
 	for _, d := range nodeDirs {
-		n, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "node"))
+		n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(d), "node"))
+		if err != nil {
+			return nil, fmt.Errorf("%s: not a NUMA node's directory (node and a number)", d)
+		}
 		s, err := readTrim(filepath.Join(d, "cpulist"))
 		if err != nil {
 			return nil, err
@@ -184,7 +199,12 @@ func (m *Machine) addNIC(root, name, bond string, irqNames map[int]string, seen 
 			if err != nil {
 				continue
 			}
-			if node, err := readInt(filepath.Join(d, "numa_node")); err == nil && node >= 0 {
+			// Absent, the node is unknown; present, it must be a number.
+			node, err := readInt(filepath.Join(d, "numa_node"))
+			if err != nil && !os.IsNotExist(err) {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			if err == nil && node >= 0 {
 				n.Node = node
 			}
 			for _, e := range irqs {
@@ -204,12 +224,13 @@ func (m *Machine) addNIC(root, name, bond string, irqNames map[int]string, seen 
 		return a.Queue < b.Queue || a.Queue == b.Queue && a.IRQ < b.IRQ
 	})
 	for _, q := range n.IRQs {
-		s, err := readTrim(filepath.Join(root, fmt.Sprintf("proc/irq/%d/smp_affinity_list", q.IRQ)))
+		path := filepath.Join(root, fmt.Sprintf("proc/irq/%d/smp_affinity_list", q.IRQ))
+		s, err := readTrim(path)
 		if err != nil {
 			return fmt.Errorf("IRQ %d of %s: %w", q.IRQ, name, err)
 		}
 		if n.Affinities[q.IRQ], err = ParseCPUList(s); err != nil {
-			return fmt.Errorf("IRQ %d of %s: %w", q.IRQ, name, err)
+			return fmt.Errorf("IRQ %d of %s: %s: %w", q.IRQ, name, path, err)
 		}
 	}
 	m.NICs = append(m.NICs, n)
@@ -245,21 +266,24 @@ func queueOf(irqName, iface, device string) (int, bool) {
 }
 
 // readInterruptNames maps each numbered interrupt of /proc/interrupts to
-// its name (the last field).
+// its name (the last field). Rows named by letters (NMI, LOC, the CPU
+// header) are the kernel's counters, skipped; a row that starts with a
+// digit but is no number is an error naming its line.
 func readInterruptNames(root string) (map[int]string, error) {
-	b, err := os.ReadFile(filepath.Join(root, "proc/interrupts"))
+	path := filepath.Join(root, "proc/interrupts")
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	names := map[int]string{}
-	for _, l := range strings.Split(string(b), "\n") {
+	for i, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 2 {
+		if len(f) < 2 || f[0][0] < '0' || f[0][0] > '9' {
 			continue
 		}
 		irq, err := strconv.Atoi(strings.TrimSuffix(f[0], ":"))
 		if err != nil {
-			continue
+			return nil, fmt.Errorf("%s:%d: %q is not an interrupt number", path, i+1, f[0])
 		}
 		names[irq] = f[len(f)-1]
 	}
