@@ -4,7 +4,6 @@ go 1.26.8
 
 require (
 	github.com/cilium/ebpf v0.22.0
-	github.com/fsnotify/fsnotify v1.10.1
 	github.com/goccy/go-yaml v1.19.2
 	github.com/prometheus/client_golang v1.25.0
 	github.com/safchain/ethtool v0.7.0

@@ -5,10 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/vishvananda/netns"
 
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/proxy"
@@ -28,9 +34,15 @@ backends, connecting from the client's address and port (IP_TRANSPARENT),
 so the services behind it see their real clients. It installs on start,
 and removes on exit, the routing that delivers the backends' replies to
 its sockets: a rule per backend (its address, protocol and source port)
-into a table of local routes, IPv4 and IPv6; a start removes what a killed
-run left. The backends must route those replies back through the proxy:
-'rampart proxy backend-setup' on each does it.
+into a table of local routes, IPv4 and IPv6. A table is one proxy's in a
+network namespace: a start refuses a table a running proxy has, a table
+the kernel reserves (0, 253, 254, 255) and one holding routes or looked up
+by rules it did not install; it removes what a killed run with the same
+table left, and nothing of other tables. While it runs, the proxy checks
+its rules and routes every second and puts back what others removed
+(proxy status shows it). With --netns it runs in that namespace, as under
+ip netns exec. The backends must route those replies back through the
+proxy: 'rampart proxy backend-setup' on each does it.
 
 The file:
 
@@ -46,6 +58,7 @@ The file:
       idle_timeout: 30s       # UDP sessions
       max_sessions: 10000     # UDP sessions, descriptors and memory fixed`,
 		Example: `  rampart proxy -f /etc/rampart/proxy.yaml
+  rampart --netns edge proxy -f /etc/rampart/proxy.yaml
   rampart proxy --listen 192.0.2.1:53 --backend 10.0.0.53:53 --udp
   rampart proxy status --json`,
 		Args: cobra.NoArgs,
@@ -77,8 +90,12 @@ The file:
 			default:
 				return errors.New("-f FILE, or --listen and --backend, is required")
 			}
+			if err := execInNetns(g.netns); err != nil {
+				return err
+			}
 			slog.SetDefault(slog.New(slog.NewTextHandler(g.env.Stderr, nil)))
 			p := proxy.New(cfg)
+			p.StateDir = filepath.Join(g.stateRoot, "proxy")
 			return p.Run(cmd.Context(), status, func() {
 				for _, s := range cfg.Services {
 					slog.Info("serving", "service", s.Name, "protocol", s.Proto(), "listen", s.Listen.String(), "backends", len(s.Backends), "transparent", s.Transparent)
@@ -121,9 +138,67 @@ func proxyStatusCmd(g *globals, status *string) *cobra.Command {
 					fmt.Sprint(s.SessionsRefused), fmt.Sprint(s.BytesIn), fmt.Sprint(s.BytesOut), fmt.Sprint(s.Errors), fmt.Sprintf("%d/%d", up, len(s.Backends))})
 			}
 			g.table(rows)
+			fmt.Fprintln(g.env.Stdout, routingLine(st.Routing))
 			return nil
 		},
 	}
+}
+
+// routingLine says whether the proxy's rules and routes are in place, and
+// when they last had to be put back.
+func routingLine(r proxy.RoutingStatus) string {
+	if r.Rules == 0 {
+		return "routing: none (no transparent service)"
+	}
+	line := fmt.Sprintf("routing: table %d in place (ip rules: %d, local routes: 2)", r.Table, r.Rules)
+	if !r.InPlace {
+		line = fmt.Sprintf("routing: table %d NOT IN PLACE: %s", r.Table, r.Error)
+	}
+	if r.Repairs > 0 {
+		line += fmt.Sprintf("; put back %d time(s), last at %s (%s)", r.Repairs, r.LastProblemAt.Local().Format(time.DateTime), r.LastProblem)
+	}
+	return line
+}
+
+// execInNetns starts this command again inside the named network
+// namespace, as ip netns exec does, and returns nil when it already runs
+// there. Every socket the proxy opens belongs to the namespace of the
+// thread that opens it: its listeners, but also one per connection to a
+// backend, UDP sessions, health checks and netlink requests. A Go process
+// cannot move all of its threads, and entering the namespace around each
+// socket would hold a thread through every connect in flight; a process
+// started from a thread inside the namespace is wholly inside it.
+func execInNetns(name string) error {
+	if name == "" {
+		return nil
+	}
+	target, err := netns.GetFromName(name)
+	if err != nil {
+		return fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+	}
+	defer target.Close()
+	runtime.LockOSThread()
+	self, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("this thread's network namespace: %w", err)
+	}
+	defer self.Close()
+	if self.Equal(target) {
+		runtime.UnlockOSThread()
+		return nil
+	}
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter network namespace %q: %w", name, err)
+	}
+	err = syscall.Exec("/proc/self/exe", os.Args, os.Environ())
+	// Still here: the exec failed. A thread that cannot be put back stays
+	// locked, and is discarded with its goroutine.
+	if serr := netns.Set(self); serr == nil {
+		runtime.UnlockOSThread()
+	}
+	return fmt.Errorf("start again in network namespace %q: %w", name, err)
 }
 
 func backendSetupCmd(g *globals) *cobra.Command {
@@ -142,6 +217,9 @@ address (nft table inet rampart_proxy_return) and routes their replies by
 the mark. Both use table --table via --proxy. --undo removes it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := execInNetns(g.netns); err != nil {
+				return err
+			}
 			b := proxy.BackendSetup{By: by, Table: table}
 			if undo {
 				if err := b.Undo(); err != nil {

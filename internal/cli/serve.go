@@ -17,9 +17,9 @@ import (
 
 func serveCmd(g *globals) *cobra.Command {
 	var (
-		file, mode, listen, api, persist, logFormat string
-		ifaces                                      []string
-		egress, detach                              bool
+		file, mode, listen, api, apiGroup, persist, logFormat string
+		ifaces                                                []string
+		egress, detach                                        bool
 	)
 	c := &cobra.Command{
 		Use:   "serve -f POLICY --iface IF [--iface IF2] [--listen 127.0.0.1:9712]",
@@ -31,9 +31,15 @@ running policy stays), expires live list changes itself, attaches the
 policy again to an interface that is deleted and created again, and keeps
 live list changes under --persist so a reboot (empty /run and bpffs) gets
 them back. It serves Prometheus metrics on --listen (/metrics) and an
-HTTP/JSON API on a root-only unix socket (--api; rampart list add|del|revert
-use it when it runs). On SIGTERM it stops and leaves the filter running,
+HTTP/JSON API on a unix socket (--api; rampart list add|del|revert use it
+when it runs) that answers root, and the members of --api-group, by the
+client's credentials. On SIGTERM it stops and leaves the filter running,
 unless --detach-on-exit.
+
+A file changes when it is closed after writing or renamed into place, and
+not while it is open for writing; symbolic links (a Kubernetes ConfigMap's
+..data) are followed. The safe way to replace a file is to write a new one
+and rename it over the old.
 
 API: POST /v1/ban and /v1/unban {"list": L, "prefixes": [...], "ttl": "10m"},
 POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
@@ -69,7 +75,7 @@ POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 			return serve.Run(cmd.Context(), fw, serve.Options{
-				PolicyFile: file, Ifaces: ifaces, Mode: m, Egress: egress, Listen: listen, APISocket: api,
+				PolicyFile: file, Ifaces: ifaces, Mode: m, Egress: egress, Listen: listen, APISocket: api, APIGroup: apiGroup,
 				PersistDir: persist, DetachOnExit: detach, Reload: hup, Log: slog.New(h),
 			})
 		},
@@ -81,6 +87,7 @@ POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
 	f.BoolVar(&egress, "egress", false, "filter outgoing packets (tc egress) instead of incoming")
 	f.StringVar(&listen, "listen", "127.0.0.1:9712", "address for Prometheus /metrics (\"\" for none)")
 	f.StringVar(&api, "api", "", "unix socket for the API (default STATE_ROOT/api.sock)")
+	f.StringVar(&apiGroup, "api-group", "", "group whose members may use the API besides root (the socket becomes 0660 with this group)")
 	f.StringVar(&persist, "persist", "/var/lib/rampart", "directory for what outlives a reboot (live list changes)")
 	f.BoolVar(&detach, "detach-on-exit", false, "detach from the interfaces when stopping")
 	f.StringVar(&logFormat, "log-format", "text", "log lines as text (journald-friendly key=value) or json")

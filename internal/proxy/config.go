@@ -26,6 +26,9 @@ type Config struct {
 	// Table is the routing table that delivers backends' replies to the
 	// proxy's sockets; its ip rules carry this table's number as priority.
 	Table int
+	// Source names where the configuration was read from (a file), for
+	// messages.
+	Source string
 }
 
 // Service is one listener and its backends.
@@ -52,6 +55,10 @@ func (s Service) Proto() string {
 // DefaultTable is the routing table number a config does not set.
 const DefaultTable = 7100
 
+// reservedTables are the kernel's (a route added to table 0 goes to the
+// main table).
+var reservedTables = map[int]string{0: "table 0 is the main table to the kernel", 253: "table 253 is the kernel's default table", 254: "table 254 is the kernel's main table", 255: "table 255 is the kernel's local table"}
+
 // Load reads and validates a proxy file; errors name the file, line and
 // field.
 func Load(path string) (*Config, error) {
@@ -76,10 +83,13 @@ func Parse(path string, data []byte) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Config{Table: DefaultTable}
+	c := &Config{Table: DefaultTable, Source: path}
 	if n := top["table"]; n != nil {
-		if c.Table, err = p.intIn(n, "table", 1, 0xfffffeff); err != nil {
+		if c.Table, err = p.intIn(n, "table", 0, 0xfffffeff); err != nil {
 			return nil, err
+		}
+		if what := reservedTables[c.Table]; what != "" {
+			return nil, p.errf(n, "table", "%q: %s, reserved: the proxy's local default route there would make every address local to this host; choose an unused table such as %d", n.Value, what, DefaultTable)
 		}
 	}
 	svcs := top["services"]

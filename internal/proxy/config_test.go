@@ -27,3 +27,14 @@ func TestConfigErrors(t *testing.T) {
 		t.Errorf("%+v %v", cfg, err)
 	}
 }
+
+// TestConfigReservedTables: the kernel's own tables are refused, with the
+// line and field.
+func TestConfigReservedTables(t *testing.T) {
+	for _, table := range []string{"0", "253", "254", "255"} {
+		_, err := Parse("p.yaml", []byte("table: "+table+"\nservices:\n  - {name: a, listen: \"10.0.0.1:80\", backends: [\"10.0.0.2:80\"]}\n"))
+		if err == nil || !strings.Contains(err.Error(), "p.yaml:1: table: \""+table+"\"") || !strings.Contains(err.Error(), "reserved") {
+			t.Errorf("table %s: %v", table, err)
+		}
+	}
+}

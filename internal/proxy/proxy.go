@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -129,14 +130,25 @@ func CheckCapability() error {
 
 // Proxy runs a configuration's services.
 type Proxy struct {
+	// StateDir keeps the claims on routing tables (see Routing.Claim).
+	StateDir string
+
 	cfg      *Config
 	services []*service
 	routing  *Routing
+
+	mu         sync.Mutex
+	routingNow RoutingStatus
 }
+
+// routingCheck is how often a running proxy checks that its rules and
+// routes are still in place: others may flush rules or tables.
+const routingCheck = time.Second
 
 // New prepares cfg's services.
 func New(cfg *Config) *Proxy {
 	p := &Proxy{cfg: cfg, routing: NewRouting(cfg)}
+	p.routingNow = RoutingStatus{Table: cfg.Table, Rules: len(p.routing.rules), InPlace: true}
 	for _, sc := range cfg.Services {
 		s := &service{cfg: sc}
 		for _, b := range sc.Backends {
@@ -153,12 +165,17 @@ func (p *Proxy) Run(ctx context.Context, statusSocket string, ready func()) erro
 	if err := CheckCapability(); err != nil {
 		return err
 	}
+	release, err := p.routing.Claim(p.StateDir, p.cfg.Source)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if err := p.routing.Install(); err != nil {
 		return err
 	}
 	defer func() {
-		if err := Cleanup(); err != nil {
-			slog.Error("remove the proxy's routing", "err", err)
+		if err := p.routing.Remove(); err != nil {
+			slog.Error("remove the proxy's routing", "table", p.cfg.Table, "err", err)
 		}
 	}()
 	ctx, cancel := context.WithCancel(ctx)
@@ -187,11 +204,55 @@ func (p *Proxy) Run(ctx context.Context, statusSocket string, ready func()) erro
 		}
 		closers = append(closers, stop)
 	}
+	if p.routing.Needed() {
+		wg.Go(func() { p.watchRouting(ctx) })
+	}
 	if ready != nil {
 		ready()
 	}
 	<-ctx.Done()
 	return nil
+}
+
+// watchRouting puts back the rules and routes others remove while the
+// proxy runs: without them backends' replies never reach it, and clients
+// wait on connections that cannot complete.
+func (p *Proxy) watchRouting(ctx context.Context) {
+	t := time.NewTicker(routingCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.checkRouting()
+	}
+}
+
+// checkRouting checks the routing once, puts back what is missing, and
+// records it for the status.
+func (p *Proxy) checkRouting() {
+	missing, err := p.routing.Repair()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := &p.routingNow
+	wasErr := st.Error
+	st.InPlace, st.Error = err == nil, ""
+	if err != nil {
+		st.Error = err.Error()
+	}
+	if len(missing) > 0 {
+		st.LastProblem, st.LastProblemAt = "missing: "+strings.Join(missing, "; "), time.Now()
+		if err == nil {
+			st.Repairs++
+			slog.Warn("the proxy's routing was removed: put back", "table", p.cfg.Table, "missing", strings.Join(missing, "; "))
+		}
+	}
+	// A failure that lasts is logged once, and when it changes.
+	if err != nil && st.Error != wasErr {
+		slog.Error("the proxy's routing is not in place and could not be put back", "table", p.cfg.Table, "missing", strings.Join(missing, "; "), "err", err)
+	}
 }
 
 func (s *service) start(ctx context.Context, wg *sync.WaitGroup) (stop func(), err error) {
@@ -235,6 +296,20 @@ func (s *service) start(ctx context.Context, wg *sync.WaitGroup) (stop func(), e
 // Status is what `rampart proxy status` shows.
 type Status struct {
 	Services []ServiceStatus `json:"services"`
+	Routing  RoutingStatus   `json:"routing"`
+}
+
+// RoutingStatus is the proxy's routing as last checked.
+type RoutingStatus struct {
+	Table int `json:"table"`
+	Rules int `json:"rules"` // ip rules it installs; none without transparent services
+	// InPlace: every rule and local route was there, or has been put back.
+	InPlace bool `json:"in_place"`
+	// Repairs counts the checks that found some removed and put them back.
+	Repairs       int       `json:"repairs"`
+	LastProblem   string    `json:"last_problem,omitempty"`
+	LastProblemAt time.Time `json:"last_problem_at,omitzero"`
+	Error         string    `json:"error,omitempty"` // why they could not be checked or put back
 }
 
 // ServiceStatus is one service's counters.
@@ -264,6 +339,9 @@ type BackendStatus struct {
 // Status reads the counters.
 func (p *Proxy) Status() Status {
 	st := Status{Services: []ServiceStatus{}}
+	p.mu.Lock()
+	st.Routing = p.routingNow
+	p.mu.Unlock()
 	for _, s := range p.services {
 		ss := ServiceStatus{
 			Name: s.cfg.Name, Protocol: s.cfg.Proto(), Listen: s.cfg.Listen.String(), Transparent: s.cfg.Transparent,
@@ -290,7 +368,7 @@ func (p *Proxy) serveStatus(path string) (func(), error) {
 		json.NewEncoder(w).Encode(p.Status())
 	})}
 	go srv.Serve(ln)
-	return func() { srv.Close(); os.Remove(path) }, nil
+	return func() { srv.Close() }, nil // Close removes the socket if it is still ours
 }
 
 // ReadStatus asks a running proxy for its status.

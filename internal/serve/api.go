@@ -1,14 +1,19 @@
 package serve
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rampart-fw/rampart/internal/engine"
@@ -24,7 +29,7 @@ type BanRequest struct {
 	TTL      string   `json:"ttl,omitempty"` // a Go duration: "10m"
 }
 
-// apiHandler is the local API: root-only by the socket's permissions.
+// apiHandler is the local API, for root and --api-group (authorize).
 //
 //	POST /v1/ban, /v1/unban  BanRequest → {"hooks": […], "expires": …}
 //	POST /v1/revert          {"list": L, "prefixes": […]} → the changes removed
@@ -66,6 +71,91 @@ func (d *Daemon) apiHandler() http.Handler {
 		reply(w, snap, err)
 	})
 	return mux
+}
+
+// listenAPI binds the API socket: 0600 for root alone, or 0660 with the
+// group of --api-group.
+func (d *Daemon) listenAPI() (net.Listener, error) {
+	if name := d.opt.APIGroup; name != "" {
+		g, err := user.LookupGroup(name)
+		if err != nil {
+			if g, err = user.LookupGroupId(name); err != nil {
+				return nil, fmt.Errorf("--api-group %s: no such group (a name or a number from /etc/group)", name)
+			}
+		}
+		if d.apiGID, err = strconv.Atoi(g.Gid); err != nil {
+			return nil, fmt.Errorf("--api-group %s: gid %q: %w", name, g.Gid, err)
+		}
+	}
+	ln, err := unixhttp.ListenGroup(d.opt.APISocket, d.apiGID)
+	if err != nil {
+		return nil, fmt.Errorf("--api: %w", err)
+	}
+	if d.apiGID >= 0 {
+		d.warnUnreachable()
+	}
+	return ln, nil
+}
+
+// warnUnreachable logs a directory on the way to the socket that the
+// members of --api-group cannot search: they could not connect at all.
+func (d *Daemon) warnUnreachable() {
+	abs, err := filepath.Abs(d.opt.APISocket)
+	if err != nil {
+		return
+	}
+	for dir := filepath.Dir(abs); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return
+		}
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		m := fi.Mode().Perm()
+		if ok && m&0o001 == 0 && (int(st.Gid) != d.apiGID || m&0o010 == 0) {
+			d.log.Warn("--api-group: its members cannot reach the API socket: give the group search permission on the directory (chgrp GROUP DIR; chmod g+x DIR) or put --api in one they can search",
+				"dir", dir, "mode", fmt.Sprintf("%04o", m), "group", d.opt.APIGroup)
+			return
+		}
+		if dir == "/" {
+			return
+		}
+	}
+}
+
+type peerKey struct{}
+
+// withPeer records the credentials of the process that connected, for
+// authorize: the kernel's (SO_PEERCRED), not the socket's file mode,
+// which anyone who can chmod it could widen.
+func withPeer(ctx context.Context, c net.Conn) context.Context {
+	p, err := unixhttp.PeerOf(c)
+	if err != nil {
+		return ctx // no peer: refused
+	}
+	return context.WithValue(ctx, peerKey{}, p)
+}
+
+// authorize answers root and the members of --api-group, and refuses
+// anyone else with 403, logged and counted (rampart_api_refused_total).
+func (d *Daemon) authorize(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ok := r.Context().Value(peerKey{}).(unixhttp.Peer)
+		if ok && (p.UID == 0 || (d.apiGID >= 0 && p.InGroup(uint32(d.apiGID)))) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		d.apiRefused.Add(1)
+		who := []any{"method", r.Method, "path", r.URL.Path}
+		if ok {
+			who = append(who, "uid", p.UID, "gid", p.GID, "pid", p.PID)
+		} else {
+			who = append(who, "uid", "unknown (no peer credentials)")
+		}
+		d.log.Warn("API request refused: the client is neither root nor in --api-group", who...)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		json.NewEncoder(w).Encode(map[string]string{"error": "forbidden: the API answers root and the members of rampart serve's --api-group only"})
+	})
 }
 
 func nonNil(ops []policy.ListOp) []policy.ListOp {

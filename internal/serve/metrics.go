@@ -33,6 +33,7 @@ var (
 	descLastOK     = prometheus.NewDesc("rampart_last_reload_success", "1 if the last reload applied, 0 if it failed and the previous policy runs.", nil, nil)
 	descMode       = prometheus.NewDesc("rampart_attached", "A hook rampart runs on: 1 if its program is attached.", []string{"iface", "direction", "mode"}, nil)
 	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of an interface's live program.", []string{"iface", "direction"}, nil)
+	descAPIRefused = prometheus.NewDesc("rampart_api_refused_total", "API requests refused (403): the client was neither root nor in --api-group.", nil, nil)
 	descScrapeErr  = prometheus.NewDesc("rampart_scrape_errors", "Errors reading the engine during this scrape.", nil, nil)
 )
 
@@ -83,6 +84,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLastReload, prometheus.GaugeValue, float64(d.lastReload.UnixNano())/float64(time.Second))
 	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(d.lastOK))
 	d.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(descAPIRefused, prometheus.CounterValue, float64(d.apiRefused.Load()))
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, float64(errs))
 }
 

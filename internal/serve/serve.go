@@ -17,9 +17,9 @@ import (
 	"runtime/debug"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -27,7 +27,6 @@ import (
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
-	"github.com/rampart-fw/rampart/internal/unixhttp"
 )
 
 // Options configure the daemon.
@@ -38,6 +37,7 @@ type Options struct {
 	Egress       bool
 	Listen       string // Prometheus /metrics, "" for none
 	APISocket    string // the local API, "" for none
+	APIGroup     string // a group whose members may use the API besides root, "" for none
 	PersistDir   string // what outlives a reboot: live list changes
 	DetachOnExit bool
 	Reload       <-chan os.Signal // SIGHUP
@@ -61,53 +61,69 @@ type Daemon struct {
 	// whose lists the kernel holds (millions of entries).
 	listFiles []string
 	listSizes map[string][2]int // entries by family
+
+	apiGID     int           // --api-group's, -1 for none
+	apiRefused atomic.Uint64 // API requests from neither root nor the group
 }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
-	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}}
+	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
-	if err := d.reload("start"); err != nil {
-		return err // nothing runs yet: a bad policy at start is fatal
-	}
-	if err := d.restoreChanges(); err != nil {
-		d.log.Error("restore live list changes", "err", err)
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
+	// What can fail on its own (an address in use, a path taken, no
+	// inotify instance left) is set up before the policy changes the host:
+	// a service that cannot serve must not leave a filter behind.
 	var servers []*http.Server
+	var lns []net.Listener
 	defer func() {
-		for _, s := range servers {
-			s.Close()
+		for _, ln := range lns {
+			ln.Close() // a server closes its own too; the unix socket is removed once
 		}
-		wg.Wait()
 	}()
 	if opt.Listen != "" {
 		ln, err := net.Listen("tcp", opt.Listen)
 		if err != nil {
 			return fmt.Errorf("--listen %s: %w", opt.Listen, err)
 		}
-		s := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
-		servers = append(servers, s)
-		wg.Go(func() { s.Serve(ln) })
+		lns = append(lns, ln)
+		servers = append(servers, &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second})
 	}
 	if opt.APISocket != "" {
-		ln, err := unixhttp.Listen(opt.APISocket)
+		ln, err := d.listenAPI()
 		if err != nil {
 			return err
 		}
-		s := &http.Server{Handler: d.apiHandler(), ReadHeaderTimeout: 5 * time.Second}
-		servers = append(servers, s)
-		wg.Go(func() { s.Serve(ln); os.Remove(opt.APISocket) })
+		lns = append(lns, ln)
+		servers = append(servers, &http.Server{Handler: d.authorize(d.apiHandler()), ReadHeaderTimeout: 5 * time.Second,
+			ConnContext: withPeer})
 	}
-	watch, err := d.watcher()
+	watch, err := newWatcher()
 	if err != nil {
 		return err
 	}
 	defer watch.Close()
+
+	if err := d.reload("start"); err != nil {
+		return err // nothing runs yet: a bad policy at start is fatal
+	}
+	if err := d.restoreChanges(); err != nil {
+		d.log.Error("restore live list changes", "err", err)
+	}
+	d.rewatch(watch)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer func() {
+		for _, s := range servers {
+			s.Close()
+		}
+		wg.Wait()
+	}()
+	for i, s := range servers {
+		wg.Go(func() { s.Serve(lns[i]) })
+	}
 	links := make(chan netlink.LinkUpdate, 64)
 	linkDone := make(chan struct{})
 	defer close(linkDone)
@@ -138,18 +154,28 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 		case <-ctx.Done():
 			return d.stop()
 		case <-opt.Reload:
+			// The operator asked: reload even if a file seems to be
+			// written still (a writer that never closes must not block it).
+			d.rewatch(watch)
 			d.reload("SIGHUP")
-		case ev, ok := <-watch.Events:
+			d.rewatch(watch)
+		case ev, ok := <-watch.events:
 			if !ok {
 				return errors.New("file watcher closed")
 			}
-			if d.watched(ev.Name) {
-				debounce = time.After(100 * time.Millisecond) // an editor writes in several steps
+			if watch.handle(ev) {
+				debounce = time.After(100 * time.Millisecond) // a deploy changes several files
 			}
-		case err := <-watch.Errors:
-			d.log.Error("watch files", "err", err)
 		case <-debounce:
 			debounce = nil
+			if f := watch.busy(); f != "" {
+				// Its close is an event of its own, which reloads.
+				d.log.Info("reload waits: a file is open for writing", "file", f)
+				continue
+			}
+			// Watched before reading, so that a change made while the
+			// policy is read is an event; again after, for new lists.
+			d.rewatch(watch)
 			d.reload("file changed")
 			d.rewatch(watch)
 		case u := <-links:
@@ -196,18 +222,7 @@ func (d *Daemon) reloadLocked(why string) error {
 	return nil
 }
 
-// watcher watches the directories of the policy and its list files: an
-// editor or a deploy tool replaces a file by renaming another over it,
-// which a watch on the file itself would lose.
-func (d *Daemon) watcher() (*fsnotify.Watcher, error) {
-	w, err := fsnotify.NewWatcher()
-	if err != nil {
-		return nil, fmt.Errorf("watch files (inotify): %w", err)
-	}
-	d.rewatch(w)
-	return w, nil
-}
-
+// files are the policy file and the list files it read last, absolute.
 func (d *Daemon) files() []string {
 	files := []string{d.opt.PolicyFile}
 	d.mu.Lock()
@@ -221,20 +236,12 @@ func (d *Daemon) files() []string {
 	return files
 }
 
-func (d *Daemon) rewatch(w *fsnotify.Watcher) {
-	for _, f := range d.files() {
-		dir := filepath.Dir(f)
-		if !slices.Contains(w.WatchList(), dir) {
-			if err := w.Add(dir); err != nil {
-				d.log.Error("watch", "dir", dir, "err", err)
-			}
-		}
+// rewatch points the watcher at the files again: the policy may name
+// other lists now, and a link may resolve elsewhere.
+func (d *Daemon) rewatch(w *watcher) {
+	for dir, err := range w.set(d.files()) {
+		d.log.Error("watch: changes there are not seen until SIGHUP", "dir", dir, "err", err)
 	}
-}
-
-func (d *Daemon) watched(name string) bool {
-	abs, err := filepath.Abs(name)
-	return err == nil && slices.Contains(d.files(), abs)
 }
 
 // link follows an interface of the service: one that disappears is
