@@ -76,10 +76,10 @@ func TestDebPackage(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
-	sock := filepath.Join(os.Getenv("RAMPART_STATE_ROOT"), "api.sock")
+	sock := serve.DefaultSocket(os.Getenv("RAMPART_STATE_ROOT"), p.NsB)
 	var api *serve.Client
 	for end := time.Now().Add(15 * time.Second); api == nil; time.Sleep(100 * time.Millisecond) {
-		if api = serve.Dial(sock); api == nil && time.Now().After(end) {
+		if api, _ = serve.Dial(sock, p.NsB); api == nil && time.Now().After(end) {
 			t.Fatalf("%s did not start:\n%s", execStart, log.String())
 		}
 	}

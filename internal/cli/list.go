@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -154,7 +153,11 @@ func listFlushCmd(g *globals) *cobra.Command {
 
 func (g *globals) revert(list string, prefixes []netip.Prefix) error {
 	var removed []policy.ListOp
-	if api := g.service(); api != nil {
+	api, err := g.service()
+	if err != nil {
+		return err
+	}
+	if api != nil {
 		var out struct{ Removed []policy.ListOp }
 		if err := api.Do("POST", "/v1/revert", serve.BanRequest{List: list, Prefixes: prefixStrings(prefixes)}, &out); err != nil {
 			return err
@@ -199,11 +202,11 @@ func expirerCmd(g *globals) *cobra.Command {
 // service is the running rampart serve's API for the host's namespace,
 // nil when none runs: list changes then go through it, so that it keeps
 // them across reboots.
-func (g *globals) service() *serve.Client {
-	if g.netns != "" {
-		return nil
-	}
-	return serve.Dial(filepath.Join(g.stateRoot, "api.sock"))
+// service is the running service of the namespace the command names, nil
+// when none runs: changes go through it, so that it keeps them (--persist)
+// and holds their expiry.
+func (g *globals) service() (*serve.Client, error) {
+	return serve.Dial(serve.DefaultSocket(g.stateRoot, g.netns), g.netns)
 }
 
 func prefixStrings(ps []netip.Prefix) []string {
@@ -217,7 +220,11 @@ func prefixStrings(ps []netip.Prefix) []string {
 // changeList adds or removes prefixes through the service when it runs,
 // else through the engine.
 func (g *globals) changeList(c engine.ListChange) (*engine.ListChanged, error) {
-	if api := g.service(); api != nil {
+	api, err := g.service()
+	if err != nil {
+		return nil, err
+	}
+	if api != nil {
 		req := serve.BanRequest{List: c.List, Prefixes: prefixStrings(c.Prefixes)}
 		if c.TTL > 0 {
 			req.TTL = c.TTL.String()

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -238,5 +239,49 @@ func TestUnpinnedPrograms(t *testing.T) {
 	testutil.SendUDP(t, p.NsA, p.B4, 9000, 50)
 	if got := testutil.CountUDP(rx, 300*time.Millisecond); got != 50 {
 		t.Errorf("%d of 50 datagrams arrived after everything was removed", got)
+	}
+}
+
+// TestListReachesItsNamespacesService: `list add --netns NS` goes through
+// the service of NS (so it keeps the change in --persist), and a command
+// for another namespace never changes that service's (the API socket is
+// per namespace, and a service of another namespace is refused).
+func TestListReachesItsNamespacesService(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	dir := t.TempDir()
+	pol := writeFile(t, "p.yaml", "lists:\n  bl: {prefixes: [192.0.2.0/24]}\nrules:\n  - {name: bl, src: bl, action: drop}\n")
+	persist := filepath.Join(dir, "var")
+	listen := func() string { return fmt.Sprintf("127.0.0.1:%d", freePort(t)) }
+	_, api, _ := startServe(t, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--persist", persist, "--listen", listen())
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+
+	mustRampart(t, "--netns", p.NsB, "list", "add", "bl", "198.51.100.7")
+	var changes struct {
+		Changes []struct{ List, Prefix string }
+	}
+	if err := api.Do("GET", "/v1/changes", nil, &changes); err != nil || len(changes.Changes) != 1 || changes.Changes[0].Prefix != "198.51.100.7/32" {
+		t.Errorf("the service holds %+v (%v), want the change made with --netns", changes, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(persist, "list-changes.json")); err != nil || !strings.Contains(string(b), "198.51.100.7") {
+		t.Errorf("the change is not kept in --persist: %q, %v", b, err)
+	}
+
+	// The host's command has no service of its own: it must not reach the
+	// namespace's.
+	if _, err := rampart(t, "list", "add", "bl", "203.0.113.9"); err == nil {
+		t.Error("list add for the host was taken")
+	}
+	if err := api.Do("GET", "/v1/changes", nil, &changes); err != nil || len(changes.Changes) != 1 {
+		t.Errorf("a host command changed the namespace's service: %+v (%v)", changes, err)
+	}
+
+	// A service of the namespace answering where the host's is looked for
+	// is refused, naming both.
+	hostSock := filepath.Join(os.Getenv("RAMPART_STATE_ROOT"), "api.sock")
+	startServeAt(t, hostSock, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--api", hostSock, "--listen", listen())
+	_, err := rampart(t, "list", "add", "bl", "203.0.113.9")
+	if err == nil || !strings.Contains(err.Error(), "filters network namespace "+p.NsB+", not the host's namespace") {
+		t.Errorf("list add through another namespace's service: %v", err)
 	}
 }

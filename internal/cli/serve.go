@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -69,7 +68,7 @@ POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
 				return err
 			}
 			if api == "" {
-				api = filepath.Join(g.stateRoot, "api.sock")
+				api = serve.DefaultSocket(g.stateRoot, g.netns)
 			}
 			hup := make(chan os.Signal, 1)
 			signal.Notify(hup, syscall.SIGHUP)

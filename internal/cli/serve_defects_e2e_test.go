@@ -39,7 +39,7 @@ func serveAt(t *testing.T, sock string, args ...string) (*exec.Cmd, *serve.Clien
 	t.Helper()
 	cmd, log := serveChild(t, append([]string{"--api", sock}, args...)...)
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c := serve.Dial(sock); c != nil {
+		if c, _ := serve.Dial(sock, netnsArg(args)); c != nil {
 			return cmd, c, log
 		}
 		if time.Now().After(end) {

@@ -42,15 +42,48 @@ func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	sock := filepath.Join(os.Getenv("RAMPART_STATE_ROOT"), "api.sock")
+	ns := netnsArg(args)
+	sock := serve.DefaultSocket(os.Getenv("RAMPART_STATE_ROOT"), ns)
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c := serve.Dial(sock); c != nil {
+		if c, _ := serve.Dial(sock, ns); c != nil {
 			return cmd, c, &log
 		}
 		if time.Now().After(end) {
 			t.Fatalf("rampart serve did not start:\n%s", log.String())
 		}
 	}
+}
+
+// startServeAt is startServe with the API on sock.
+func startServeAt(t *testing.T, sock string, args ...string) *serve.Client {
+	t.Helper()
+	exe, _ := os.Executable()
+	cmd := exec.Command(exe, append([]string{"serve"}, args...)...)
+	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
+	var log strings.Builder
+	cmd.Stderr = &syncWriter{w: &log}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if c, _ := serve.Dial(sock, netnsArg(args)); c != nil {
+			return c
+		}
+		if time.Now().After(end) {
+			t.Fatalf("rampart serve did not start:\n%s", log.String())
+		}
+	}
+}
+
+// netnsArg is the value of --netns in a command line ("" without).
+func netnsArg(args []string) string {
+	for i, a := range args {
+		if a == "--netns" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	return ""
 }
 
 // syncWriter lets the test read a child's log while it writes.

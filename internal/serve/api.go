@@ -60,7 +60,7 @@ func (d *Daemon) apiHandler() http.Handler {
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		hooks, err := d.fw.Status()
 		d.mu.Lock()
-		st := map[string]any{"hooks": hooks, "policy": d.opt.PolicyFile, "generation": d.generation,
+		st := map[string]any{"netns": d.fw.Netns(), "hooks": hooks, "policy": d.opt.PolicyFile, "generation": d.generation,
 			"last_reload": d.lastReload, "last_reload_ok": d.lastOK, "last_reload_error": d.lastError,
 			"reloads": map[string]int{"success": d.reloads[true], "failure": d.reloads[false]}}
 		d.mu.Unlock()
@@ -225,19 +225,39 @@ func reply(w http.ResponseWriter, v any, err error) {
 // Client talks to a running service's API.
 type Client struct{ http *http.Client }
 
-// Dial returns a client for the API socket, or nil when no service
-// answers there.
-func Dial(socket string) *Client {
+// DefaultSocket is where the service of a network namespace ("": the
+// host's) answers by default: one socket per namespace, so that a command
+// reaches the service of the namespace it names.
+func DefaultSocket(stateRoot, netns string) string {
+	if netns == "" {
+		return filepath.Join(stateRoot, "api.sock")
+	}
+	return filepath.Join(stateRoot, "api-netns-"+netns+".sock")
+}
+
+// Dial returns a client for the service answering on socket, or nil when
+// none does. A service of another namespace than netns is an error: its
+// changes would land there.
+func Dial(socket, netns string) (*Client, error) {
 	if _, err := os.Stat(socket); err != nil {
-		return nil
+		return nil, nil
 	}
 	c := &Client{http: unixhttp.Client(socket, 30*time.Second)}
-	resp, err := c.http.Get("http://rampart/v1/status")
-	if err != nil {
-		return nil
+	var st struct{ Netns string }
+	if err := c.Do("GET", "/v1/status", nil, &st); err != nil {
+		return nil, nil
 	}
-	resp.Body.Close()
-	return c
+	if st.Netns != netns {
+		return nil, fmt.Errorf("the service on %s filters %s, not %s: stop it, or give the namespace it serves", socket, nsName(st.Netns), nsName(netns))
+	}
+	return c, nil
+}
+
+func nsName(ns string) string {
+	if ns == "" {
+		return "the host's namespace"
+	}
+	return "network namespace " + ns
 }
 
 // Do sends a request and decodes the answer into out.
