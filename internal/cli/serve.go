@@ -85,7 +85,7 @@ POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
 	f.StringVar(&mode, "mode", "auto", "layer: auto, xdp-native, xdp-generic or tc")
 	f.BoolVar(&egress, "egress", false, "filter outgoing packets (tc egress) instead of incoming")
 	f.StringVar(&listen, "listen", "127.0.0.1:9712", "address for Prometheus /metrics (\"\" for none)")
-	f.StringVar(&api, "api", "", "unix socket for the API (default STATE_ROOT/api.sock)")
+	f.StringVar(&api, "api", "", "unix socket for the API (default STATE_ROOT/api.sock; STATE_ROOT/api-netns-NAME.sock with --netns)")
 	f.StringVar(&apiGroup, "api-group", "", "group whose members may use the API besides root (the socket becomes 0660 with this group)")
 	f.StringVar(&persist, "persist", "/var/lib/rampart", "directory for what outlives a reboot (live list changes)")
 	f.BoolVar(&detach, "detach-on-exit", false, "detach from the interfaces when stopping")
