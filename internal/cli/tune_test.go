@@ -173,3 +173,17 @@ func TestTuneIRQBadTopology(t *testing.T) {
 		t.Errorf("a bad physical_package_id: %v, want %q", err, want)
 	}
 }
+
+// TestTuneTCPApplyTwice: a second apply, after the first turned slow start
+// after idle off, keeps that in the file that holds after a reboot (it
+// rewrote the file without it).
+func TestTuneTCPApplyTwice(t *testing.T) {
+	root := seedCopy(t)
+	for i := 0; i < 2; i++ {
+		mustRampart(t, "tune", "tcp", "--root", root, "--rtt", "146ms", "--bandwidth", "1Gbit", "--apply")
+		b, err := os.ReadFile(filepath.Join(root, "etc/sysctl.d/90-rampart-tcp.conf"))
+		if err != nil || !strings.Contains(string(b), "net.ipv4.tcp_slow_start_after_idle = 0") {
+			t.Errorf("apply %d: the kept file lacks slow start after idle = 0:\n%s (%v)", i+1, b, err)
+		}
+	}
+}

@@ -412,6 +412,17 @@ func ApplyTCP(root string, p TCPPlan) error {
 			set = append(set, Sysctl{"net.ipv4.tcp_slow_start_after_idle", "1", "0"})
 		}
 	}
+	// What an earlier apply kept that this plan no longer names (slow start
+	// after idle, once it is off) stays kept: the file is the whole of
+	// what holds after a reboot.
+	if b, err := os.ReadFile(filepath.Join(root, sysctlConf)); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			name, v, ok := strings.Cut(l, " = ")
+			if ok && !strings.HasPrefix(l, "#") && !slices.ContainsFunc(set, func(x Sysctl) bool { return x.Name == name }) {
+				set = append(set, Sysctl{Name: name, Current: v, Recommended: v})
+			}
+		}
+	}
 	// PlanTCP keeps its values in range; this holds for any plan, before
 	// anything is written: a value past a C int would be cut to garbage
 	// by the kernel, and one refused half way leaves the host half set.
