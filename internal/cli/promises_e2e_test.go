@@ -279,7 +279,7 @@ func TestListReachesItsNamespacesService(t *testing.T) {
 	// A service of the namespace answering where the host's is looked for
 	// is refused, naming both.
 	hostSock := filepath.Join(os.Getenv("RAMPART_STATE_ROOT"), "api.sock")
-	startServeAt(t, hostSock, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--api", hostSock, "--listen", listen())
+	serveAt(t, hostSock, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", listen())
 	_, err := rampart(t, "list", "add", "bl", "203.0.113.9")
 	if err == nil || !strings.Contains(err.Error(), "filters network namespace "+p.NsB+", not the host's namespace") {
 		t.Errorf("list add through another namespace's service: %v", err)

@@ -38,14 +38,7 @@ func serveChild(t *testing.T, args ...string) (*exec.Cmd, *strings.Builder) {
 func serveAt(t *testing.T, sock string, args ...string) (*exec.Cmd, *serve.Client, *strings.Builder) {
 	t.Helper()
 	cmd, log := serveChild(t, append([]string{"--api", sock}, args...)...)
-	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c, _ := serve.Dial(sock, netnsArg(args)); c != nil {
-			return cmd, c, log
-		}
-		if time.Now().After(end) {
-			t.Fatalf("rampart serve did not start:\n%s", log.String())
-		}
-	}
+	return cmd, waitAPI(t, sock, netnsArg(args), log), log
 }
 
 // serveRefused runs rampart serve and wants it to fail at start: it

@@ -31,43 +31,20 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// startServe runs rampart serve as a child process and waits for its API.
+// startServe runs rampart serve as a child process and waits for its API
+// on the namespace's default socket.
 func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *strings.Builder) {
-	exe, _ := os.Executable()
-	cmd := exec.Command(exe, append([]string{"serve"}, args...)...)
-	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
-	var log strings.Builder
-	cmd.Stderr = &syncWriter{w: &log}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Helper()
+	cmd, log := serveChild(t, args...)
 	ns := netnsArg(args)
-	sock := serve.DefaultSocket(os.Getenv("RAMPART_STATE_ROOT"), ns)
-	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c, _ := serve.Dial(sock, ns); c != nil {
-			return cmd, c, &log
-		}
-		if time.Now().After(end) {
-			t.Fatalf("rampart serve did not start:\n%s", log.String())
-		}
-	}
+	return cmd, waitAPI(t, serve.DefaultSocket(os.Getenv("RAMPART_STATE_ROOT"), ns), ns, log), log
 }
 
-// startServeAt is startServe with the API on sock.
-func startServeAt(t *testing.T, sock string, args ...string) *serve.Client {
+// waitAPI waits up to 15 s for the service of ns to answer on sock.
+func waitAPI(t *testing.T, sock, ns string, log *strings.Builder) *serve.Client {
 	t.Helper()
-	exe, _ := os.Executable()
-	cmd := exec.Command(exe, append([]string{"serve"}, args...)...)
-	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
-	var log strings.Builder
-	cmd.Stderr = &syncWriter{w: &log}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c, _ := serve.Dial(sock, netnsArg(args)); c != nil {
+		if c, _ := serve.Dial(sock, ns); c != nil {
 			return c
 		}
 		if time.Now().After(end) {

@@ -8,9 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -38,8 +36,8 @@ func TestClsact(t *testing.T) {
 			if err != nil || ifindex == 0 {
 				t.Fatalf("ifindex: %d, %v", ifindex, err)
 			}
-			drop9000 := loadObjs(t, "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
-			drop9001 := loadObjs(t, "rules:\n  - {name: d, proto: udp, dport: 9001, action: drop}\n")
+			drop9000 := load(t, datapath.KindTC, "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n").objs
+			drop9001 := load(t, datapath.KindTC, "rules:\n  - {name: d, proto: udp, dport: 9001, action: drop}\n").objs
 
 			mode, _, err := datapath.Swap(a, "", drop9000, datapath.ModeTC, false, false)
 			if err != nil || mode != datapath.ModeTC {
@@ -75,20 +73,6 @@ func TestClsact(t *testing.T) {
 			checkUDP(t, p, 300, 300)
 		})
 	}
-}
-
-func loadObjs(t *testing.T, yaml string) *datapath.Objects {
-	t.Helper()
-	pol, err := policy.Parse("test.yaml", []byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := datapath.Load(compile.Build(pol))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { objs.Close() })
-	return objs
 }
 
 func progID(t *testing.T, objs *datapath.Objects) ebpf.ProgramID {

@@ -111,18 +111,12 @@ func prefixLen(n *net.IPNet) int {
 // inTable lists the rules that look up the table and the routes it holds,
 // IPv4 and IPv6.
 func (r *Routing) inTable() ([]netlink.Rule, []netlink.Route, error) {
-	var rules []netlink.Rule
+	rules, err := rulesWhere(func(rule netlink.Rule) bool { return rule.Table == r.Table })
+	if err != nil {
+		return nil, nil, err
+	}
 	var routes []netlink.Route
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		rs, err := netlink.RuleList(fam)
-		if err != nil {
-			return nil, nil, fmt.Errorf("list ip rules: %w", err)
-		}
-		for _, rule := range rs {
-			if rule.Table == r.Table {
-				rules = append(rules, rule)
-			}
-		}
 		rts, err := tableRoutes(fam, r.Table)
 		if err != nil {
 			return nil, nil, fmt.Errorf("list the routes of table %d: %w", r.Table, err)
@@ -130,6 +124,23 @@ func (r *Routing) inTable() ([]netlink.Rule, []netlink.Route, error) {
 		routes = append(routes, rts...)
 	}
 	return rules, routes, nil
+}
+
+// rulesWhere lists the IPv4 and IPv6 rules keep takes.
+func rulesWhere(keep func(netlink.Rule) bool) ([]netlink.Rule, error) {
+	var rules []netlink.Rule
+	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+		rs, err := netlink.RuleList(fam)
+		if err != nil {
+			return nil, fmt.Errorf("list ip rules: %w", err)
+		}
+		for _, r := range rs {
+			if keep(r) {
+				rules = append(rules, r)
+			}
+		}
+	}
+	return rules, nil
 }
 
 // tableRoutes lists one table's routes. With strict checking the kernel
@@ -386,18 +397,12 @@ func addrOrAll(n *net.IPNet) string {
 // installed lists the rules and routes carrying the proxy's protocol, in
 // any table.
 func installed() ([]netlink.Rule, []netlink.Route, error) {
-	var rules []netlink.Rule
+	rules, err := rulesWhere(func(r netlink.Rule) bool { return r.Protocol == routeProtocol })
+	if err != nil {
+		return nil, nil, err
+	}
 	var routes []netlink.Route
 	for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
-		rs, err := netlink.RuleList(fam)
-		if err != nil {
-			return nil, nil, fmt.Errorf("list ip rules: %w", err)
-		}
-		for _, r := range rs {
-			if r.Protocol == routeProtocol {
-				rules = append(rules, r)
-			}
-		}
 		rts, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_UNSPEC, Protocol: routeProtocol}, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			return nil, nil, fmt.Errorf("list routes: %w", err)
