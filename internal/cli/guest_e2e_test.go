@@ -7,12 +7,15 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
@@ -244,14 +247,18 @@ func TestGuestTuneIRQBonds(t *testing.T) {
 			from, to := testutil.MAC(t, "", pair[0]), testutil.MAC(t, "", pair[1])
 			testutil.SendRaw(t, "", pair[0], udpFrames(n, from, to, "192.0.2.1", fmt.Sprintf("192.0.2.%d", 10+i), 9))
 		}
-		time.Sleep(500 * time.Millisecond)
 	}
 	// x86 moves an MSI to its new CPUs on the first interrupt after the
-	// change, which still arrives where it was: a first round of traffic
-	// lets every queue move, the second is measured.
-	traffic(200)
+	// change, which still arrives where it was: a first round of traffic,
+	// sent from every CPU so that every transmit queue XPS maps is used,
+	// lets each vector move; the second round is measured.
+	for cpu := range runtime.NumCPU() {
+		onCPU(t, cpu, func() { traffic(50) })
+	}
+	time.Sleep(500 * time.Millisecond)
 	counts0 := readInterrupts(t)
 	traffic(2000)
+	time.Sleep(500 * time.Millisecond)
 	counts1 := readInterrupts(t)
 	for side, list := range irqs {
 		var rose uint64
@@ -282,6 +289,24 @@ func TestGuestTuneIRQBonds(t *testing.T) {
 			t.Errorf("%s: %q after rollback, was %q", p, b, want)
 		}
 	}
+}
+
+// onCPU runs fn on a thread bound to cpu.
+func onCPU(t *testing.T, cpu int, fn func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // not unlocked: the thread ends bound, and with it its affinity
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			t.Errorf("bind to CPU %d: %v", cpu, err)
+			return
+		}
+		fn()
+	}()
+	<-done
 }
 
 // TestGuestDiagnoseFQ provokes the UDP send-buffer incident for real: fq
