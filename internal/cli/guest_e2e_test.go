@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -331,7 +332,7 @@ func TestGuestDiagnoseFQ(t *testing.T) {
 		payload := make([]byte, 200)
 		return enobufs, func(ctx context.Context) {
 			for ctx.Err() == nil {
-				if _, err := c.Write(payload); err == syscall.ENOBUFS {
+				if _, err := c.Write(payload); errors.Is(err, syscall.ENOBUFS) {
 					*enobufs++
 				}
 			}
