@@ -153,7 +153,10 @@ func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate 
 	}
 	// A receive buffer that holds about half the path: the window, not
 	// the link, bounds the first transfer.
-	s.Rmem = [3]int64{4096, 131072, int64(0.5 * capRate * rtt.Seconds() / s.scalingRatio())}
+	// The default is the buffer a connection starts with: kept at or below
+	// the max, or it would hold the window above it.
+	half := int64(0.5 * capRate * rtt.Seconds() / s.scalingRatio())
+	s.Rmem = [3]int64{4096, min(131072, half), half}
 	testutil.Run(t, "ip", "netns", "exec", nsB, "sysctl", "-qw", "net.ipv4.tcp_rmem="+triple(s.Rmem))
 
 	// Slow start's share is skipped, then 30 RTTs (2 s at least)
