@@ -118,11 +118,13 @@ func TestDelayLine(t *testing.T) {
 // TestDelayLineNetem is the same measurement over netem: half the RTT on
 // each side of a veth pair and the rate cap on the sender's, as an
 // operator would build the line on a kernel with sch_netem (the kernel
-// tier's NIC guest; this machine's kernel has none). The cap is 20 Mbit/s:
-// the guest's CPU is emulated.
+// tier's NIC guest; this machine's kernel has none). The cap is 50 Mbit/s,
+// what an emulated CPU carries: at 20 ms half the path is still a window
+// of ~40 segments (at 20 Mbit/s, ~17: too few for the model, which leaves
+// out the window's rounding to whole segments and delayed ACKs).
 func TestDelayLineNetem(t *testing.T) {
 	testutil.GuestNICs(t)
-	const capRate = 20e6 / 8
+	const capRate = 50e6 / 8
 	for _, rtt := range []time.Duration{20 * time.Millisecond, 60 * time.Millisecond, 200 * time.Millisecond} {
 		t.Run(rtt.String(), func(t *testing.T) {
 			p := testutil.NewPair(t)
@@ -133,7 +135,7 @@ func TestDelayLineNetem(t *testing.T) {
 			for _, e := range [][2]string{{p.NsA, p.IfA}, {p.NsB, p.IfB}} {
 				testutil.Run(t, "ip", "netns", "exec", e[0], "ethtool", "-K", e[1], "tso", "off", "gso", "off", "gro", "off")
 			}
-			testutil.Run(t, "tc", "-n", p.NsA, "qdisc", "add", "dev", p.IfA, "root", "netem", "delay", (rtt / 2).String(), "rate", "20mbit", "limit", limit)
+			testutil.Run(t, "tc", "-n", p.NsA, "qdisc", "add", "dev", p.IfA, "root", "netem", "delay", (rtt / 2).String(), "rate", "50mbit", "limit", limit)
 			testutil.Run(t, "tc", "-n", p.NsB, "qdisc", "add", "dev", p.IfB, "root", "netem", "delay", (rtt / 2).String(), "limit", limit)
 			measureLine(t, p.NsA, p.NsB, p.B4.String(), rtt, capRate)
 		})
