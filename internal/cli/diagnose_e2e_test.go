@@ -139,7 +139,7 @@ func TestDiagnoseUDPRcvbuf(t *testing.T) {
 	noFinding(t, r, "no-listener")
 }
 
-// TestDiagnoseUDPSndbufQdisc is the incident of the issue: UDP sends fail
+// TestDiagnoseUDPSndbufQdisc is the incident of the blog post "UDP SndbufErrors & ENOBUFS": UDP sends fail
 // with ENOBUFS and UdpSndbufErrors climbs with IpOutDiscards, because the
 // egress qdisc (here a tbf with a small limit) is full.
 func TestDiagnoseUDPSndbufQdisc(t *testing.T) {

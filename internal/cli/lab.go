@@ -140,7 +140,7 @@ p99). Traffic goes to 4,096 addresses the server answers for, none listed,
 so that lookups walk the structures as real traffic would;
 --destinations one sends it all to one address, as the study did.
 
-It prints a table per metric and the study's findings and the issue's
+It prints a table per metric and the study's findings and rampart's
 targets as checks, and writes egress.json, egress.csv and a chart per
 metric (egress-METRIC.png and .svg) to --out. Namespaces, rules, sets and
 pins are removed after each row, also on Ctrl-C.`,

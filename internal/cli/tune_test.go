@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// TestTuneTCP: the field report's path (RTT 146 ms, a 6 MB tcp_rmem max,
+// TestTuneTCP: the path of the blog post "UDP SndbufErrors & ENOBUFS" (RTT 146 ms, a 6 MB tcp_rmem max,
 // tcp_adv_win_scale 1 on a 5.10 kernel) gives ≈ 20.5 MB/s by the receive
 // window; for 1 GbE the buffers grow, with the finding and its fix.
 func TestTuneTCP(t *testing.T) {

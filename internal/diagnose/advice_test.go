@@ -34,7 +34,7 @@ func only(t *testing.T, r *Report, id string) Finding {
 	return r.Findings[0]
 }
 
-// The incident of the issue: fq's flow_limit of 100 below what a 212,992
+// The incident of the blog post "UDP SndbufErrors & ENOBUFS": fq's flow_limit of 100 below what a 212,992
 // byte send buffer of 1,400-byte packets queues; UdpSndbufErrors in step
 // with IpOutDiscards and flows_plimit.
 func TestAdviceFqFlowLimit(t *testing.T) {

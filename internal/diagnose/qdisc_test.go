@@ -51,7 +51,7 @@ func TestParseQdiscFixtures(t *testing.T) {
 // This kernel has no sch_fq, so the fq message is assembled from the uapi
 // layout (struct tcmsg, TCA_KIND, TCA_OPTIONS with TCA_FQ_PLIMIT and
 // TCA_FQ_FLOW_PLIMIT, TCA_STATS2, TCA_XSTATS as struct tc_fq_qd_stats) with
-// the numbers of the incident in the issue: flow_limit 100, every drop a
+// the numbers of the incident in the blog post "UDP SndbufErrors & ENOBUFS": flow_limit 100, every drop a
 // flows_plimit drop.
 func TestParseQdiscFq(t *testing.T) {
 	le := binary.LittleEndian

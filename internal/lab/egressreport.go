@@ -46,7 +46,7 @@ func (r *EgressReport) methods() []string {
 	return m
 }
 
-// finish computes the targets and the study's findings, each from
+// finish computes rampart's targets and the study's findings, each from
 // rows of the same run.
 func (r *EgressReport) finish() {
 	r.Checks = []Check{}

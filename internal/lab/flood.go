@@ -582,7 +582,7 @@ func setupRampartLimit(r *floodRow) (*defenceActive, error) {
 	return &defenceActive{stopped: over, mode: h.mode}, nil
 }
 
-// finish computes the targets from rows of the same run.
+// finish computes rampart's targets from rows of the same run.
 func (r *FloodReport) finish() {
 	for i := range r.Results {
 		x := &r.Results[i]

@@ -18,7 +18,7 @@ import (
 )
 
 // batchSize is how many frames the kernel prepares and flushes at once in
-// live-frames mode, as the issue and the kernel's own default have it.
+// live-frames mode, the kernel's own default.
 const batchSize = 64
 
 // runChunk is how many frames one BPF_PROG_RUN call sends: about a tenth

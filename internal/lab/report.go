@@ -59,7 +59,7 @@ type Env struct {
 	Emulated bool `json:"emulated,omitempty"`
 }
 
-// Check is one of the issue's targets, computed from rows of the same run.
+// Check is one of rampart's targets, computed from rows of the same run.
 type Check struct {
 	Name   string  `json:"name"`
 	Family int     `json:"family"`

@@ -17,7 +17,7 @@ import (
 // BackendSetup is the return routing a backend needs: its replies to
 // proxied connections carry the client's address as destination and must
 // go back through the proxy, not by the backend's default route. The two
-// ways of the field report: by source (the backend's address and service
+// ways the blog post "UDP SndbufErrors & ENOBUFS" describes: by source (the backend's address and service
 // ports) or by mark (connections that arrive from the proxy's MAC address
 // are marked, and their replies routed by the mark).
 type BackendSetup struct {

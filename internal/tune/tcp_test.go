@@ -29,7 +29,8 @@ func tree(t *testing.T, release, rmem, wmem string, scale string) string {
 	return root
 }
 
-// TestRateNowSeedCases: the field report's worked cases, its MB decimal. A
+// TestRateNowSeedCases: the worked cases of the blog post "UDP SndbufErrors
+// & ENOBUFS", its MB decimal. A
 // receiver whose window tops out at 3 MB (a 6 MB tcp_rmem max) on an RTT of
 // 146 ms gives ≈ 20.5 MB/s; a 12 MB tcp_rmem max at 68 ms, ≈ 88.2 MB/s
 // (tcp_adv_win_scale 1: half the buffer is window). From 6.6 the same
@@ -63,7 +64,7 @@ func TestBuffers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rate, rtt := 112e6, 146*time.Millisecond // 1 GbE's payload rate, the report's RTT
+		rate, rtt := 112e6, 146*time.Millisecond // 1 GbE's payload rate, the post's RTT
 		rmem, wmem := s.Buffers(rate, rtt)
 		s.Rmem[2], s.Wmem[2] = rmem, wmem
 		if got, _ := s.RateNow(rtt); math.Abs(got-rate*bufferHeadroom)/rate > 0.001 {
