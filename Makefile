@@ -35,7 +35,7 @@ check-generated: generate
 # root; with RAMPART_REQUIRE_PRIVILEGED=1 they fail instead of skipping.
 test: lint check-generated
 	$(GO) test -count=1 ./...
-	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run TestDelayLine -v ./internal/tune
+	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run 'TestDelayLine$$' -v ./internal/tune
 	bash scripts/kernels.sh
 
 # The kernel tier alone.
