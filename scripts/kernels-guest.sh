@@ -17,7 +17,7 @@ ip link set lo up
 export RAMPART_REQUIRE_PRIVILEGED=1
 # Sizes for a CPU emulated 10-50x slower than this one: the same cases, fewer
 # random frames.
-export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000 RAMPART_REAPPLY_DATAGRAMS=10000
+export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000 RAMPART_REAPPLY_DATAGRAMS=10000 RAMPART_REAPPLY_SWAPS=8
 
 run() { # name package pattern
   local name="$1" pkg="$2" pattern="$3" start rc

@@ -155,7 +155,7 @@ func filterRound(t *testing.T, p *testutil.Pair, mode string, egress bool, autoM
 // TestReapplyUnderFlood swaps policies while allowed traffic flows: no
 // allowed packet is lost to a swap, and the unchanged rule's counter carries
 // over every generation. RAMPART_REAPPLY_DATAGRAMS sets the datagrams sent
-// (40,000; a multiple of 100).
+// (40,000; a multiple of 100), RAMPART_REAPPLY_SWAPS the swaps (20).
 func TestReapplyUnderFlood(t *testing.T) {
 	testutil.Privileged(t)
 	for _, mode := range []string{"xdp-native", "tc"} {
@@ -169,9 +169,12 @@ func TestReapplyUnderFlood(t *testing.T) {
 			t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
 
 			rx := testutil.UDPListener(t, p.NsB, p.B4, 9001)
-			total := 40000
+			total, swapsWanted := 40000, 20
 			if n, err := strconv.Atoi(os.Getenv("RAMPART_REAPPLY_DATAGRAMS")); err == nil {
 				total = n // the kernel tier's emulated guests send fewer
+			}
+			if n, err := strconv.Atoi(os.Getenv("RAMPART_REAPPLY_SWAPS")); err == nil {
+				swapsWanted = n // and swap fewer times
 			}
 			var wg sync.WaitGroup
 			wg.Add(1)
@@ -186,7 +189,7 @@ func TestReapplyUnderFlood(t *testing.T) {
 			received := make(chan int)
 			go func() { received <- testutil.CountUDP(rx, 2*time.Second) }()
 			swaps := 0
-			for i := 0; i < 20; i++ {
+			for i := 0; i < swapsWanted; i++ {
 				pol := polA
 				if i%2 == 0 {
 					pol = polB
