@@ -15,9 +15,9 @@ done
 failed=0
 passed=0
 
-# report KERNEL NAME: reads a guest's results, counting and printing them.
+# report NAME: reads a guest's results, counting and printing them.
 report() {
-  local k="$1" name="$2" verdict test secs
+  local name="$1" verdict test secs
   if [ ! -s "$out/$name/results" ] || ! grep -q "RESULT .* done" "$out/$name.console"; then
     echo "$name: the guest gave no results (console: $out/$name.console)"
     tail -20 "$out/$name.console"
@@ -45,7 +45,7 @@ guest() {
   echo "$name: booting Linux $k under qemu"
   timeout 1500 "$VNG" -v --run "$RAMPART_KERNEL_CACHE/$k/boot/vmlinuz-$k" --disable-kvm --memory 2G \
     --rwdir "$out" "$@" --exec "bash $PWD/scripts/kernels-guest.sh $out $name" >"$out/$name.console" 2>&1 || true
-  report "$k" "$name"
+  report "$name"
   echo "$name: $(($(date +%s) - start))s"
 }
 

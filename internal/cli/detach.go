@@ -63,7 +63,7 @@ func (g *globals) detachUnpinned() error {
 	done, err := fw.DetachUnpinned()
 	var names []string
 	for _, k := range done {
-		names = append(names, k.String()+inNetns(g.netns))
+		names = append(names, k.KernelHook.String()+inNetns(g.netns))
 	}
 	if g.json && err == nil {
 		return g.printJSON(map[string]any{"detached": nonNil(names)})

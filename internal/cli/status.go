@@ -8,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
 )
 
@@ -28,7 +27,7 @@ command that puts it right.`,
 			}
 			hooks := []engine.HookStatus{}
 			warnings := []string{}
-			unpinned := []unpinnedHook{}
+			unpinned := []engine.UnpinnedHook{}
 			for _, fw := range fws {
 				hs, err := fw.Status()
 				if err != nil {
@@ -39,9 +38,7 @@ command that puts it right.`,
 				if err != nil {
 					return err
 				}
-				for _, k := range found {
-					unpinned = append(unpinned, unpinnedHook{k, fw.Netns(), "rampart" + netnsFlag(fw.Netns()) + " detach --unpinned"})
-				}
+				unpinned = append(unpinned, found...)
 				if len(hs) > 0 {
 					w, _ := fw.UnfilteredTunnels() // a namespace that is gone has none to warn of
 					warnings = append(warnings, w...)
@@ -60,11 +57,13 @@ command that puts it right.`,
 				bad = fmt.Errorf("rampart's record of %d hook(s) is unreadable (%s): the fix column says how to write it anew", len(unreadable), strings.Join(unreadable, "; "))
 			}
 			if g.json {
-				if bad != nil {
-					g.printJSON(map[string]any{"hooks": hooks, "unpinned": unpinned, "warnings": warnings, "error": errorJSON(bad)})
-					return printed{bad}
+				out := map[string]any{"hooks": hooks, "unpinned": unpinned, "warnings": warnings}
+				if bad == nil {
+					return g.printJSON(out)
 				}
-				return g.printJSON(map[string]any{"hooks": hooks, "unpinned": unpinned, "warnings": warnings})
+				out["error"] = errorJSON(bad)
+				g.printJSON(out)
+				return printed{bad}
 			}
 			g.warnings(warnings)
 			rows := [][]string{{"IFACE", "DIRECTION", "MODE", "RULES", "POLICY", "APPLIED", "STATE"}}
@@ -97,18 +96,4 @@ command that puts it right.`,
 			return bad
 		},
 	}
-}
-
-// unpinnedHook is a rampart program found on an interface with no pin.
-type unpinnedHook struct {
-	datapath.KernelHook
-	Netns string `json:"netns,omitempty"`
-	Fix   string `json:"fix"`
-}
-
-func netnsFlag(ns string) string {
-	if ns == "" {
-		return ""
-	}
-	return " --netns " + ns
 }

@@ -46,6 +46,12 @@ type Attachment struct {
 	LinkPin string // where the link is pinned
 }
 
+// cookie is the SYN cookie check's tc hook beside an XDP attachment.
+func (a Attachment) cookie() Attachment {
+	a.LinkPin += "-cookie"
+	return a
+}
+
 func (a Attachment) String() string {
 	dir := "ingress"
 	if a.Egress {
@@ -113,8 +119,8 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bo
 // cookieLink puts the cookie check at tcx ingress beside XDP (updating the
 // pinned link to objs' program), or takes it away.
 func cookieLink(a Attachment, objs *Objects, want bool) error {
-	pin := a.LinkPin + "-cookie"
-	old, err := openHook(Attachment{Iface: a.Iface, Egress: a.Egress, LinkPin: pin})
+	pin := a.cookie().LinkPin
+	old, err := openHook(a.cookie())
 	if err != nil {
 		return fmt.Errorf("open the cookie check's link: %w", err)
 	}
@@ -267,12 +273,12 @@ func foreignXDP(a Attachment, ifindex int, force bool) (string, error) {
 // interfaces and their hooks went with it: the pins are removed.
 func Unlink(a Attachment) error {
 	if NetnsExists(a.Netns) != nil {
-		return errors.Join(ignoreNotExist(os.Remove(a.LinkPin)), ignoreNotExist(os.Remove(a.LinkPin+"-cookie")))
+		return errors.Join(ignoreNotExist(os.Remove(a.LinkPin)), ignoreNotExist(os.Remove(a.cookie().LinkPin)))
 	}
 	return InNetns(a.Netns, func() error {
 		var errs []error
-		for _, pin := range []string{a.LinkPin, a.LinkPin + "-cookie"} {
-			l, err := openHook(Attachment{Iface: a.Iface, Egress: a.Egress, LinkPin: pin})
+		for _, hook := range []Attachment{a, a.cookie()} {
+			l, err := openHook(hook)
 			if l == nil && err == nil {
 				continue
 			}
@@ -303,15 +309,11 @@ type LinkState struct {
 // bpffs only: it works for a namespace that is gone.
 func ReadLink(a Attachment) (LinkState, error) {
 	var st LinkState
-	l, err := link.LoadPinnedLink(a.LinkPin, nil)
-	if errors.Is(err, errNotExist) {
-		return st, nil
+	l, prog, err := loadPin(a.LinkPin)
+	if err != nil || (l == nil && prog == nil) {
+		return st, err
 	}
-	if err != nil {
-		prog, perr := ebpf.LoadPinnedProgram(a.LinkPin, nil)
-		if perr != nil {
-			return st, err
-		}
+	if prog != nil {
 		defer prog.Close()
 		return readClsact(a, prog)
 	}
@@ -354,18 +356,30 @@ func indexOf(name string) (int, error) {
 // clsact filter; nil when there is no pin. The caller is in the attachment's
 // namespace.
 func openHook(a Attachment) (hookLink, error) {
-	l, err := link.LoadPinnedLink(a.LinkPin, nil)
-	if err == nil {
+	l, prog, err := loadPin(a.LinkPin)
+	switch {
+	case err != nil:
+		return nil, err
+	case prog != nil:
+		return openClsact(a, prog), nil
+	case l != nil:
 		return l, nil
 	}
-	if errors.Is(err, errNotExist) {
-		return nil, nil
+	return nil, nil
+}
+
+// loadPin opens a hook's pin: a link, or the program of a clsact filter;
+// neither when there is no pin.
+func loadPin(path string) (link.Link, *ebpf.Program, error) {
+	l, err := link.LoadPinnedLink(path, nil)
+	if err == nil || errors.Is(err, errNotExist) {
+		return l, nil, nil
 	}
-	prog, perr := ebpf.LoadPinnedProgram(a.LinkPin, nil)
+	prog, perr := ebpf.LoadPinnedProgram(path, nil)
 	if perr != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return openClsact(a, prog), nil
+	return nil, prog, nil
 }
 
 // readClsact is ReadLink for a clsact filter: the program its pin holds, and

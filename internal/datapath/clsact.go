@@ -43,11 +43,18 @@ type clsactFilter struct {
 
 var _ hookLink = (*clsactFilter)(nil)
 
-func (f *clsactFilter) parent() uint32 {
+// attrs name rampart's filter: its parent, priority and handle.
+func (f *clsactFilter) attrs() netlink.FilterAttrs {
+	parent := uint32(netlink.HANDLE_MIN_INGRESS)
 	if f.egress {
-		return netlink.HANDLE_MIN_EGRESS
+		parent = netlink.HANDLE_MIN_EGRESS
 	}
-	return netlink.HANDLE_MIN_INGRESS
+	return netlink.FilterAttrs{LinkIndex: f.ifindex, Parent: parent, Handle: clsactHandle, Priority: clsactPriority, Protocol: unix.ETH_P_ALL}
+}
+
+func clsactQdisc(ifindex int) *netlink.GenericQdisc {
+	return &netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
 }
 
 // attachClsact adds a clsact qdisc when the interface has none, then the
@@ -63,15 +70,10 @@ func attachClsact(ifindex int, egress bool, prog *ebpf.Program) (*clsactFilter, 
 // Update makes the filter run prog, creating it (and the qdisc) when it is
 // not there.
 func (f *clsactFilter) Update(prog *ebpf.Program) error {
-	q := &netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: f.ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
-	if err := netlink.QdiscAdd(q); err != nil && !errors.Is(err, unix.EEXIST) {
+	if err := netlink.QdiscAdd(clsactQdisc(f.ifindex)); err != nil && !errors.Is(err, unix.EEXIST) {
 		return fmt.Errorf("add a clsact qdisc: %w", err)
 	}
-	err := netlink.FilterReplace(&netlink.BpfFilter{
-		FilterAttrs: netlink.FilterAttrs{LinkIndex: f.ifindex, Parent: f.parent(), Handle: clsactHandle,
-			Priority: clsactPriority, Protocol: unix.ETH_P_ALL},
-		Fd: prog.FD(), Name: clsactName, DirectAction: true})
+	err := netlink.FilterReplace(&netlink.BpfFilter{FilterAttrs: f.attrs(), Fd: prog.FD(), Name: clsactName, DirectAction: true})
 	if err != nil {
 		return fmt.Errorf("clsact filter (priority %d, handle %#x): %w", clsactPriority, clsactHandle, err)
 	}
@@ -130,8 +132,7 @@ func (f *clsactFilter) Detach() error {
 	if f.ifindex == 0 {
 		return nil // the interface, and the filter with it, is gone
 	}
-	err := netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: f.ifindex,
-		Parent: f.parent(), Handle: clsactHandle, Priority: clsactPriority, Protocol: unix.ETH_P_ALL}})
+	err := netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: f.attrs()})
 	if err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("delete the clsact filter: %w", err)
 	}
@@ -144,9 +145,7 @@ func (f *clsactFilter) Detach() error {
 			return nil
 		}
 	}
-	q := &netlink.GenericQdisc{QdiscType: "clsact", QdiscAttrs: netlink.QdiscAttrs{
-		LinkIndex: f.ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}}
-	if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+	if err := netlink.QdiscDel(clsactQdisc(f.ifindex)); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
 		return fmt.Errorf("delete the clsact qdisc: %w", err)
 	}
 	return nil
@@ -166,7 +165,7 @@ func (f *clsactFilter) running() (ebpf.ProgramID, error) {
 	if err != nil {
 		return 0, err
 	}
-	fs, err := netlink.FilterList(nl, f.parent())
+	fs, err := netlink.FilterList(nl, f.attrs().Parent)
 	if err != nil {
 		return 0, err
 	}

@@ -3,12 +3,12 @@ package datapath
 import (
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // KernelHook is a rampart program the kernel runs on an interface, found
@@ -23,10 +23,15 @@ type KernelHook struct {
 	Tag     string         `json:"program_tag"`
 }
 
-// rampartProgram reports whether a program's name is one of the filter's
-// (the kernel keeps 15 bytes of it: rampart_xdp, rampart_tc, rampart_tc_cook).
+// rampartProgram reports whether a program's name is one of the filter's,
+// as the kernel keeps it: 15 bytes (rampart_tc_cookie is rampart_tc_cook).
 func rampartProgram(name string) bool {
-	return name == filterProgRampartXdp || name == filterProgRampartTc || strings.HasPrefix(filterProgRampartTcCookie, name) && len(name) >= len("rampart_tc_")
+	for _, n := range []string{filterProgRampartXdp, filterProgRampartTc, filterProgRampartTcCookie} {
+		if name == n[:min(len(n), unix.BPF_OBJ_NAME_LEN-1)] {
+			return true
+		}
+	}
+	return false
 }
 
 // KernelHooks lists the rampart programs the kernel runs on the interfaces

@@ -174,7 +174,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	if found, err := fw.Unpinned(); err == nil {
 		for _, k := range found {
 			if slices.ContainsFunc(hooks, func(h Hook) bool { return h.Iface == k.Iface }) {
-				res.Warnings = append(res.Warnings, fmt.Sprintf("%s also runs a rampart program no pin accounts for (%s), beside this policy: remove it with rampart%s detach --unpinned", k.Iface, k, fw.netnsFlag()))
+				res.Warnings = append(res.Warnings, fmt.Sprintf("%s also runs a rampart program no pin accounts for (%s), beside this policy: remove it with %s", k.Iface, k.KernelHook, k.Fix))
 			}
 		}
 	}

@@ -3,10 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
-	"io/fs"
-	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -349,11 +346,19 @@ func (fw *Firewall) UnfilteredTunnels() ([]string, error) {
 	return out, nil
 }
 
+// UnpinnedHook is a rampart program on an interface of the namespace that
+// no pin of its hooks accounts for, with the command that removes it.
+type UnpinnedHook struct {
+	datapath.KernelHook
+	Netns string `json:"netns,omitempty"`
+	Fix   string `json:"fix"`
+}
+
 // Unpinned lists the rampart programs the kernel runs on the namespace's
-// interfaces that no pin under the pin root accounts for: left by a pin
-// root mounted over (bpffs mounted twice), deleted, or another root's.
+// interfaces that no pinned generation of its hooks accounts for: left by a
+// pin root mounted over (bpffs mounted twice), deleted, or another root's.
 // They filter, yet no hook of this root reports or removes them.
-func (fw *Firewall) Unpinned() ([]datapath.KernelHook, error) {
+func (fw *Firewall) Unpinned() ([]UnpinnedHook, error) {
 	if fw.netnsGone() {
 		return nil, nil
 	}
@@ -362,25 +367,32 @@ func (fw *Firewall) Unpinned() ([]datapath.KernelHook, error) {
 		return nil, err
 	}
 	known := map[ebpf.ProgramID]bool{}
-	filepath.WalkDir(fw.pinRoot, func(path string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() && strings.HasPrefix(d.Name(), "gen-") {
-			for _, id := range datapath.PinnedPrograms(path) {
+	hooks, err := fw.hooks()
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range hooks {
+		gens, err := fw.generations(h)
+		if err != nil {
+			return nil, err
+		}
+		for _, n := range gens {
+			for _, id := range datapath.PinnedPrograms(fw.genPins(h, n)) {
 				known[id] = true
 			}
 		}
-		return nil
-	})
-	var out []datapath.KernelHook
+	}
+	var out []UnpinnedHook
 	for _, k := range running {
 		if !known[k.Program] {
-			out = append(out, k)
+			out = append(out, UnpinnedHook{k, fw.netns, "rampart" + fw.netnsFlag() + " detach --unpinned"})
 		}
 	}
 	return out, nil
 }
 
 // DetachUnpinned removes what Unpinned lists.
-func (fw *Firewall) DetachUnpinned() ([]datapath.KernelHook, error) {
+func (fw *Firewall) DetachUnpinned() ([]UnpinnedHook, error) {
 	unlock, err := fw.lock()
 	if err != nil {
 		return nil, err
@@ -390,7 +402,7 @@ func (fw *Firewall) DetachUnpinned() ([]datapath.KernelHook, error) {
 	if err != nil {
 		return nil, err
 	}
-	var done []datapath.KernelHook
+	var done []UnpinnedHook
 	var errs []error
 	for _, k := range found {
 		if err := datapath.InNetns(fw.netns, k.Remove); err != nil {
