@@ -199,9 +199,6 @@ func expirerCmd(g *globals) *cobra.Command {
 	}
 }
 
-// service is the running rampart serve's API for the host's namespace,
-// nil when none runs: list changes then go through it, so that it keeps
-// them across reboots.
 // service is the running service of the namespace the command names, nil
 // when none runs: changes go through it, so that it keeps them (--persist)
 // and holds their expiry.

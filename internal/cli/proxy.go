@@ -7,20 +7,18 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/vishvananda/netns"
 
+	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/proxy"
+	"github.com/rampart-fw/rampart/internal/unixhttp"
 )
-
-const defaultProxyStatus = "/run/rampart/proxy.sock"
 
 func proxyCmd(g *globals) *cobra.Command {
 	var file, listen, backend, status string
@@ -96,7 +94,7 @@ The file:
 			slog.SetDefault(slog.New(slog.NewTextHandler(g.env.Stderr, nil)))
 			p := proxy.New(cfg)
 			p.StateDir = filepath.Join(g.stateRoot, "proxy")
-			return p.Run(cmd.Context(), status, func() {
+			return p.Run(cmd.Context(), g.proxyStatus(status), func() {
 				for _, s := range cfg.Services {
 					slog.Info("serving", "service", s.Name, "protocol", s.Proto(), "listen", s.Listen.String(), "backends", len(s.Backends), "transparent", s.Transparent)
 				}
@@ -108,7 +106,7 @@ The file:
 	f.StringVar(&listen, "listen", "", "one service: the address and port to listen on")
 	f.StringVar(&backend, "backend", "", "one service: the backend's address and port")
 	f.BoolVar(&udp, "udp", false, "one service: UDP instead of TCP")
-	c.PersistentFlags().StringVar(&status, "status", defaultProxyStatus, "unix socket the proxy answers status on")
+	c.PersistentFlags().StringVar(&status, "status", "", "unix socket the proxy answers status on (default STATE_ROOT/proxy.sock; STATE_ROOT/proxy-netns-NAME.sock with --netns)")
 	c.AddCommand(proxyStatusCmd(g, &status), backendSetupCmd(g))
 	return c
 }
@@ -119,7 +117,7 @@ func proxyStatusCmd(g *globals, status *string) *cobra.Command {
 		Short: "Services, sessions, bytes and errors of the running proxy",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := proxy.ReadStatus(*status)
+			st, err := proxy.ReadStatus(g.proxyStatus(*status))
 			if err != nil {
 				return err
 			}
@@ -160,6 +158,15 @@ func routingLine(r proxy.RoutingStatus) string {
 	return line
 }
 
+// proxyStatus is the proxy's status socket: the flag's, else the default of
+// the namespace the command names.
+func (g *globals) proxyStatus(flag string) string {
+	if flag != "" {
+		return flag
+	}
+	return unixhttp.DefaultPath(g.stateRoot, "proxy", g.netns)
+}
+
 // execInNetns starts this command again inside the named network
 // namespace, as ip netns exec does, and returns nil when it already runs
 // there. Every socket the proxy opens belongs to the namespace of the
@@ -172,32 +179,11 @@ func execInNetns(name string) error {
 	if name == "" {
 		return nil
 	}
-	target, err := netns.GetFromName(name)
-	if err != nil {
-		return fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+	if inside, err := datapath.InsideNetns(name); err != nil || inside {
+		return err
 	}
-	defer target.Close()
-	runtime.LockOSThread()
-	self, err := netns.Get()
-	if err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("this thread's network namespace: %w", err)
-	}
-	defer self.Close()
-	if self.Equal(target) {
-		runtime.UnlockOSThread()
-		return nil
-	}
-	if err := netns.Set(target); err != nil {
-		runtime.UnlockOSThread()
-		return fmt.Errorf("enter network namespace %q: %w", name, err)
-	}
-	err = syscall.Exec("/proc/self/exe", os.Args, os.Environ())
-	// Still here: the exec failed. A thread that cannot be put back stays
-	// locked, and is discarded with its goroutine.
-	if serr := netns.Set(self); serr == nil {
-		runtime.UnlockOSThread()
-	}
+	err := datapath.InNetns(name, func() error { return syscall.Exec("/proc/self/exe", os.Args, os.Environ()) })
+	// Still here: the exec failed.
 	return fmt.Errorf("start again in network namespace %q: %w", name, err)
 }
 

@@ -89,3 +89,19 @@ func inScratchNetns(fn func() error) error {
 	}()
 	return <-errc
 }
+
+// InsideNetns reports whether the calling thread is in the named network
+// namespace already (the same inode as /run/netns/NAME).
+func InsideNetns(name string) (bool, error) {
+	target, err := netns.GetFromName(name)
+	if err != nil {
+		return false, fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+	}
+	defer target.Close()
+	self, err := netns.Get()
+	if err != nil {
+		return false, err
+	}
+	defer self.Close()
+	return self.Equal(target), nil
+}

@@ -434,10 +434,3 @@ func Cleanup() error {
 	}
 	return errors.Join(errs...)
 }
-
-// Leftovers counts the rules and routes carrying rampart's protocol that
-// are in place.
-func Leftovers() (int, error) {
-	rules, routes, err := installed()
-	return len(rules) + len(routes), err
-}

@@ -229,23 +229,23 @@ type Client struct{ http *http.Client }
 // host's) answers by default: one socket per namespace, so that a command
 // reaches the service of the namespace it names.
 func DefaultSocket(stateRoot, netns string) string {
-	if netns == "" {
-		return filepath.Join(stateRoot, "api.sock")
-	}
-	return filepath.Join(stateRoot, "api-netns-"+netns+".sock")
+	return unixhttp.DefaultPath(stateRoot, "api", netns)
 }
 
 // Dial returns a client for the service answering on socket, or nil when
 // none does. A service of another namespace than netns is an error: its
 // changes would land there.
 func Dial(socket, netns string) (*Client, error) {
-	if _, err := os.Stat(socket); err != nil {
-		return nil, nil
-	}
 	c := &Client{http: unixhttp.Client(socket, 30*time.Second)}
 	var st struct{ Netns string }
 	if err := c.Do("GET", "/v1/status", nil, &st); err != nil {
-		return nil, nil
+		// No socket, or nobody listening: no service. Anything else (a
+		// refusal, a timeout) is a service that would not take the change,
+		// which must not then go around it.
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("the service on %s: %w", socket, err)
 	}
 	if st.Netns != netns {
 		return nil, fmt.Errorf("the service on %s filters %s, not %s: stop it, or give the namespace it serves", socket, nsName(st.Netns), nsName(netns))

@@ -105,6 +105,22 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	}
 	defer watch.Close()
 
+	links := make(chan netlink.LinkUpdate, 64)
+	linkDone := make(chan struct{})
+	defer close(linkDone)
+	var subOpt netlink.LinkSubscribeOptions
+	if ns := fw.Netns(); ns != "" {
+		h, err := netns.GetFromName(ns)
+		if err != nil {
+			return fmt.Errorf("namespace %s: %w", ns, err)
+		}
+		defer h.Close()
+		subOpt.Namespace = &h
+	}
+	if err := netlink.LinkSubscribeWithOptions(links, linkDone, subOpt); err != nil {
+		return fmt.Errorf("follow interfaces over netlink: %w", err)
+	}
+
 	if err := d.reload("start"); err != nil {
 		return err // nothing runs yet: a bad policy at start is fatal
 	}
@@ -124,21 +140,6 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	for i, s := range servers {
 		wg.Go(func() { s.Serve(lns[i]) })
 	}
-	links := make(chan netlink.LinkUpdate, 64)
-	linkDone := make(chan struct{})
-	defer close(linkDone)
-	var subOpt netlink.LinkSubscribeOptions
-	if ns := fw.Netns(); ns != "" {
-		h, err := netns.GetFromName(ns)
-		if err != nil {
-			return fmt.Errorf("namespace %s: %w", ns, err)
-		}
-		defer h.Close()
-		subOpt.Namespace = &h
-	}
-	if err := netlink.LinkSubscribeWithOptions(links, linkDone, subOpt); err != nil {
-		return fmt.Errorf("follow interfaces over netlink: %w", err)
-	}
 	wg.Go(func() {
 		if err := fw.ServeExpiry(ctx, func(err error) { d.log.Error("expire list changes", "err", err) }); err != nil {
 			d.log.Error("expire list changes", "err", err)
@@ -154,9 +155,10 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 		case <-ctx.Done():
 			return d.stop()
 		case <-opt.Reload:
-			// The operator asked: reload even if a file seems to be
-			// written still (a writer that never closes must not block it).
-			d.rewatch(watch)
+			// The operator asked, and so vouches for the files: reload even
+			// if one seems to be written still, and forget that it was (a
+			// writer that never closes must not block later reloads).
+			clear(watch.writing)
 			d.reload("SIGHUP")
 			d.rewatch(watch)
 		case ev, ok := <-watch.events:

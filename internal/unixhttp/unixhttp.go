@@ -193,3 +193,14 @@ func peerGroups(fd int) ([]uint32, error) {
 		}
 	}
 }
+
+// DefaultPath is where a service named base of a network namespace ("":
+// the host's) answers by default under stateRoot: one socket per
+// namespace, so that a command reaches the service of the namespace it
+// names and two namespaces' services never take each other's path.
+func DefaultPath(stateRoot, base, netns string) string {
+	if netns == "" {
+		return filepath.Join(stateRoot, base+".sock")
+	}
+	return filepath.Join(stateRoot, base+"-netns-"+netns+".sock")
+}
