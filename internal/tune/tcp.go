@@ -67,91 +67,47 @@ func segmentScalingRatio(mtu int) float64 {
 // it).
 func ReadTCP(root string) (TCPSettings, error) {
 	var s TCPSettings
-	read := func(name string) ([]int64, error) {
-		p := filepath.Join(root, "proc/sys", strings.ReplaceAll(name, ".", "/"))
+	// read reads a sysctl of n numbers, refusing one the kernel cannot hold
+	// (a negative buffer, say, would give negative rates), naming the file.
+	read := func(name string, n int) ([]int64, error) {
+		p := sysctlPath(root, name)
 		b, err := os.ReadFile(p)
 		if err != nil {
 			return nil, err
 		}
-		var v []int64
-		for _, f := range strings.Fields(string(b)) {
-			n, err := strconv.ParseInt(f, 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %q is not a number", p, f)
+		f := strings.Fields(string(b))
+		if len(f) != n {
+			return nil, fmt.Errorf("%s: want %d values, got %d", p, n, len(f))
+		}
+		v := make([]int64, n)
+		for i := range f {
+			if v[i], err = strconv.ParseInt(f[i], 10, 64); err != nil {
+				return nil, fmt.Errorf("%s: %q is not a number", p, f[i])
 			}
-			v = append(v, n)
+		}
+		if bad, r, ok := outOfRange(name, v); ok {
+			return nil, fmt.Errorf("%s holds %d, out of the kernel's range %d to %d: set %s right (sysctl -w) and run again", p, bad, r[0], r[1], name)
 		}
 		return v, nil
 	}
-	// A value the kernel cannot hold (a negative buffer, say) would give
-	// negative rates and buffers: refused, naming the file.
-	inRange := func(name string, v []int64, lo, hi int64) error {
-		for _, n := range v {
-			if n < lo || n > hi {
-				return fmt.Errorf("%s holds %d, out of the kernel's range %d to %d: set %s right (sysctl -w) and run again", sysctlPath(root, name), n, lo, hi, name)
-			}
-		}
-		return nil
-	}
-	three := func(name string, into *[3]int64, lo, hi int64) error {
-		v, err := read(name)
-		if err == nil && len(v) != 3 {
-			err = fmt.Errorf("%s: want 3 values, got %d", sysctlPath(root, name), len(v))
-		}
-		if err == nil {
-			err = inRange(name, v, lo, hi)
-		}
-		if err == nil {
-			copy(into[:], v)
-		}
-		return err
-	}
-	one := func(name string, lo, hi int64) (int64, error) {
-		v, err := read(name)
-		if err == nil && len(v) != 1 {
-			err = fmt.Errorf("%s: want 1 value, got %d", sysctlPath(root, name), len(v))
-		}
-		if err == nil {
-			err = inRange(name, v, lo, hi)
-		}
+	for name, into := range map[string]*[3]int64{"net.ipv4.tcp_rmem": &s.Rmem, "net.ipv4.tcp_wmem": &s.Wmem, "net.ipv4.tcp_mem": &s.Mem} {
+		v, err := read(name, 3)
 		if err != nil {
-			return 0, err
-		}
-		return v[0], nil
-	}
-	for _, x := range []struct {
-		name   string
-		into   *[3]int64
-		lo, hi int64
-	}{
-		{"net.ipv4.tcp_rmem", &s.Rmem, 1, maxBuffer},
-		{"net.ipv4.tcp_wmem", &s.Wmem, 1, maxBuffer},
-		{"net.ipv4.tcp_mem", &s.Mem, 0, math.MaxInt64},
-	} {
-		if err := three(x.name, x.into, x.lo, x.hi); err != nil {
 			return s, err
 		}
+		copy(into[:], v)
 	}
-	var err error
-	if s.RmemMax, err = one("net.core.rmem_max", 1, maxBuffer); err != nil {
-		return s, err
+	var one [6]int64
+	for i, name := range []string{"net.core.rmem_max", "net.core.wmem_max", "net.ipv4.tcp_adv_win_scale",
+		"net.ipv4.tcp_window_scaling", "net.ipv4.tcp_slow_start_after_idle"} {
+		v, err := read(name, 1)
+		if err != nil {
+			return s, err
+		}
+		one[i] = v[0]
 	}
-	if s.WmemMax, err = one("net.core.wmem_max", 1, maxBuffer); err != nil {
-		return s, err
-	}
-	scale, err := one("net.ipv4.tcp_adv_win_scale", -31, 31)
-	if err != nil {
-		return s, err
-	}
-	s.AdvWinScale = int(scale)
-	ws, err := one("net.ipv4.tcp_window_scaling", math.MinInt64, math.MaxInt64)
-	if err != nil {
-		return s, err
-	}
-	ss, err := one("net.ipv4.tcp_slow_start_after_idle", math.MinInt64, math.MaxInt64)
-	if err != nil {
-		return s, err
-	}
+	s.RmemMax, s.WmemMax, s.AdvWinScale = one[0], one[1], int(one[2])
+	ws, ss := one[3], one[4]
 	s.WindowScaling, s.SlowStartAfterIdle = ws != 0, ss != 0
 	rel, err := os.ReadFile(filepath.Join(root, "proc/sys/kernel/osrelease"))
 	if err != nil {
@@ -396,6 +352,27 @@ const (
 	previousConf = "var/lib/rampart/tune-tcp.previous.conf"
 )
 
+// sysctlRange is what the kernel holds in the TCP sysctls rampart reads and
+// writes; the others (0 or 1 switches) are not bounded.
+var sysctlRange = map[string][2]int64{
+	"net.ipv4.tcp_rmem": {1, maxBuffer}, "net.ipv4.tcp_wmem": {1, maxBuffer},
+	"net.core.rmem_max": {1, maxBuffer}, "net.core.wmem_max": {1, maxBuffer},
+	"net.ipv4.tcp_mem":           {0, math.MaxInt64}, // a long, in pages
+	"net.ipv4.tcp_adv_win_scale": {-31, 31},
+}
+
+// outOfRange is the first of v the kernel cannot hold in name, and the
+// range it holds; ok is false when every value fits.
+func outOfRange(name string, v []int64) (bad int64, r [2]int64, ok bool) {
+	r, bounded := sysctlRange[name]
+	for _, n := range v {
+		if bounded && (n < r[0] || n > r[1]) {
+			return n, r, true
+		}
+	}
+	return 0, r, false
+}
+
 // sysctlPath is a sysctl's file under root.
 func sysctlPath(root, name string) string {
 	return filepath.Join(root, "proc/sys", strings.ReplaceAll(name, ".", "/"))
@@ -427,14 +404,16 @@ func ApplyTCP(root string, p TCPPlan) error {
 	// anything is written: a value past a C int would be cut to garbage
 	// by the kernel, and one refused half way leaves the host half set.
 	for _, x := range set {
-		hi := int64(maxBuffer)
-		if x.Name == "net.ipv4.tcp_mem" {
-			hi = math.MaxInt64 // a long, in pages
-		}
+		var v []int64
 		for _, f := range strings.Fields(x.Recommended) {
-			if n, err := strconv.ParseInt(f, 10, 64); err != nil || n < 0 || n > hi {
-				return fmt.Errorf("%s %q: %q is out of the kernel's range 0 to %d; nothing was changed", x.Name, x.Recommended, f, hi)
+			n, err := strconv.ParseInt(f, 10, 64)
+			if err != nil {
+				return fmt.Errorf("%s %q: %q is not a number; nothing was changed", x.Name, x.Recommended, f)
 			}
+			v = append(v, n)
+		}
+		if bad, r, ok := outOfRange(x.Name, v); ok {
+			return fmt.Errorf("%s %q: %d is out of the kernel's range %d to %d; nothing was changed", x.Name, x.Recommended, bad, r[0], r[1])
 		}
 	}
 	prev := filepath.Join(root, previousConf)
