@@ -104,6 +104,15 @@ func writeText(t *testing.T, path, text string) {
 
 const blockPolicy = "lists:\n  bl: {files: [bl.txt]}\nrules:\n  - {name: bl, src: bl, proto: udp, action: drop}\ndefault: pass\n"
 
+// writeBlockPolicy writes blockPolicy and its list (192.0.2.0/24) into dir
+// and returns the policy's path.
+func writeBlockPolicy(t *testing.T, dir string) string {
+	writeText(t, filepath.Join(dir, "bl.txt"), "192.0.2.0/24\n")
+	pol := filepath.Join(dir, "policy.yaml")
+	writeText(t, pol, blockPolicy)
+	return pol
+}
+
 // TestServeListWrittenInPlace: a list file written in place, with a pause
 // in the middle of a line, is not read until its writer closes it, even
 // when another watched file changes meanwhile; then it is applied whole.
@@ -229,9 +238,7 @@ func TestServeBindsBeforeApply(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
 	dir := t.TempDir()
-	writeText(t, filepath.Join(dir, "bl.txt"), "192.0.2.0/24\n")
-	pol := filepath.Join(dir, "policy.yaml")
-	writeText(t, pol, blockPolicy)
+	pol := writeBlockPolicy(t, dir)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -256,9 +263,7 @@ func TestServeAPISocketPath(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
 	dir := t.TempDir()
-	writeText(t, filepath.Join(dir, "bl.txt"), "192.0.2.0/24\n")
-	pol := filepath.Join(dir, "policy.yaml")
-	writeText(t, pol, blockPolicy)
+	pol := writeBlockPolicy(t, dir)
 	sock := filepath.Join(dir, "api.sock")
 	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", "", "--persist", filepath.Join(dir, "var")}
 	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
@@ -321,9 +326,7 @@ func TestServeAPIPeerCredentials(t *testing.T) {
 	}
 	p := testutil.NewPair(t)
 	dir := t.TempDir()
-	writeText(t, filepath.Join(dir, "bl.txt"), "192.0.2.0/24\n")
-	pol := filepath.Join(dir, "policy.yaml")
-	writeText(t, pol, blockPolicy)
+	pol := writeBlockPolicy(t, dir)
 	// A directory every user can search: only the socket guards the API.
 	apiDir, err := os.MkdirTemp("", "rampart-api-")
 	if err != nil {
