@@ -90,12 +90,16 @@ func ReadTCP(root string) (TCPSettings, error) {
 		}
 		return v, nil
 	}
-	for name, into := range map[string]*[3]int64{"net.ipv4.tcp_rmem": &s.Rmem, "net.ipv4.tcp_wmem": &s.Wmem, "net.ipv4.tcp_mem": &s.Mem} {
-		v, err := read(name, 3)
+	// A slice, not a map: read in a fixed order, so the first error is always the same.
+	for _, t := range []struct {
+		name string
+		into *[3]int64
+	}{{"net.ipv4.tcp_rmem", &s.Rmem}, {"net.ipv4.tcp_wmem", &s.Wmem}, {"net.ipv4.tcp_mem", &s.Mem}} {
+		v, err := read(t.name, 3)
 		if err != nil {
 			return s, err
 		}
-		copy(into[:], v)
+		copy(t.into[:], v)
 	}
 	var one [6]int64
 	for i, name := range []string{"net.core.rmem_max", "net.core.wmem_max", "net.ipv4.tcp_adv_win_scale",
