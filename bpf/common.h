@@ -8,8 +8,8 @@
 /* Every limit and constant Go needs is an enum: enums reach the object's BTF,
  * from which internal/abi is generated (#defines would not). */
 enum limits {
-	MAX_RULES = 256,
-	MAX_LISTS = 64, /* list membership is one 64-bit mask */
+	MAX_RULES = 1 << 17, /* rules of a policy; also its match entries */
+	MAX_LISTS = 64,      /* list membership is one 64-bit mask */
 	/* VLAN tags the parser reads unrolled; more are walked in a loop. */
 	VLAN_UNROLLED = 2,
 	/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP,
@@ -24,8 +24,7 @@ enum slot {
 	SLOT_NON_IP = 1,
 	SLOT_DEFAULT = 2,
 	SLOT_UNPARSED = 3, /* IP frames whose verdict hangs on fields they do not carry */
-	SLOT_RULE0 = 4,
-	NUM_SLOTS = SLOT_RULE0 + MAX_RULES,
+	SLOT_RULE0 = 4, /* the counters map holds SLOT_RULE0 + rules slots */
 };
 
 enum action {
@@ -59,8 +58,60 @@ struct rule {
 	__u8 flags_set;   /* TCP flags that must be set */
 	__u8 flags_clear; /* TCP flags that must be clear */
 	__u8 action;      /* enum action */
-	__u16 rule;       /* the policy's rule: a rule with port lists takes several entries */
-	__u16 pad;
+	__u32 rule;       /* the policy's rule: a rule with port lists takes several entries */
+};
+
+/* The classifier. Rules are not scanned: each field of a frame maps to an
+ * equivalence class (eq) of its values, one for every distinct way the rules
+ * judge them, and decision trees over the fields' eqs lead to a leaf of the
+ * few rule entries that may match, in policy order, which are then matched
+ * whole. Rules are split into trees by the address fields they test, so that
+ * a rule without a destination is not copied under every destination; a
+ * frame walks every tree (at most MAX_TREES) and the lowest entry wins.
+ *
+ * The trees live in one u32 array. A node at offset o: tree[o] is its field,
+ * tree[o + 1 + eq] the offset of the child for that eq. A leaf: tree[o] is
+ * TREE_LEAF | n, the n entry indices follow. */
+enum field {
+	FIELD_FAMILY = 0, /* 0: IPv4, 1: IPv6 */
+	FIELD_SRC = 1,    /* the source address's class (class_eqs) */
+	FIELD_DST = 2,
+	FIELD_PROTO = 3, /* 0-255, or VALUE_UNKNOWN_PROTO */
+	FIELD_SPORT = 4, /* 0-65535, VALUE_NO_PORTS or VALUE_UNKNOWN_PORTS */
+	FIELD_DPORT = 5,
+	FIELD_FLAGS = 6,  /* 0-255, VALUE_NO_FLAGS or VALUE_UNKNOWN_FLAGS */
+	FIELD_LENGTH = 7, /* 0-65535, or VALUE_LONG */
+	NUM_FIELDS = 8,
+	/* Values past a field's own: what the frame does not carry. */
+	VALUE_UNKNOWN_PROTO = 256, /* the L4 header was not found */
+	VALUE_NO_PORTS = 65536,    /* not TCP or UDP, or a later fragment */
+	VALUE_UNKNOWN_PORTS = 65537,
+	VALUE_NO_FLAGS = 256, /* not TCP, or a later fragment */
+	VALUE_UNKNOWN_FLAGS = 257,
+	VALUE_LONG = 65536, /* an L3 length past 65535 */
+	EQ_ANY = 0, /* a source or destination eq under which every rule stays */
+	TREE_LEAF = 1u << 31,
+	MAX_TREES = 3,
+	TREE_DEPTH = NUM_FIELDS + 1, /* a path tests each field once at most */
+};
+
+/* The value tables of fields_eq, one after another: a field's eq is
+ * field_eqs[base + value]. */
+enum field_base {
+	BASE_PROTO = 0,
+	BASE_SPORT = BASE_PROTO + 257,
+	BASE_DPORT = BASE_SPORT + 65538,
+	BASE_FLAGS = BASE_DPORT + 65538,
+	BASE_LENGTH = BASE_FLAGS + 258,
+	FIELD_VALUES = BASE_LENGTH + 65537,
+};
+
+/* An address class's eqs as a source and as a destination. An address whose
+ * lists the overlay changed takes the eqs of its new mask (mask_eqs), or
+ * EQ_ANY: every rule stays a candidate and the leaf decides. */
+struct class_eqs {
+	__u32 src;
+	__u32 dst;
 };
 
 /* Rate limits: the generic cell rate algorithm. A packet costs interval ns

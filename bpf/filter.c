@@ -9,7 +9,6 @@
 char __license[] SEC("license") = "GPL";
 
 /* Set from Go through CollectionSpec.Variables before load. */
-volatile __u32 rule_count = 0; /* not const: see need_src_lookup */
 volatile const __u8 default_action = ACTION_PASS;
 /* For a frame whose verdict hangs on fields it does not carry. */
 volatile const __u8 unparsed_action = ACTION_DROP;
@@ -24,23 +23,56 @@ volatile const __u8 malformed_action = ACTION_DROP;
 volatile __u8 need_src_lookup = 0;
 volatile __u8 need_dst_lookup = 0;
 volatile const __u8 need_l4 = 0; /* some rule looks at the protocol, ports or flags */
-volatile const struct rule rules[MAX_RULES];
+/* The classifier's trees (bpf/common.h): their roots in tree. */
+volatile __u32 num_trees = 0;
+volatile const __u32 tree_roots[MAX_TREES];
+
+/* The rule entries, in policy order; max_entries of these tables is set to
+ * their contents before load. */
+TABLE(rules, struct rule);
+/* Arrays of u32 words, two to an element: an array map's elements are
+ * 8-byte aligned, and these are filled through mmap. */
+TABLE(tree, __u64);
+TABLE(field_eqs, __u64); /* FIELD_VALUES words: see enum field_base */
+TABLE(class_eqs, struct class_eqs); /* by address class */
+
+/* The eqs of the masks the overlay makes, as far as they are known. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1 << 16);
+	__type(key, __u64);
+	__type(value, struct class_eqs);
+} mask_eqs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, NUM_SLOTS);
+	__uint(max_entries, 1); /* SLOT_RULE0 + rules, set before load */
 	__type(key, __u32);
 	__type(value, struct counter);
 } counters SEC(".maps");
 
+/* Word i of a u32 array (tree, field_eqs), or NULL past its end. */
+static __always_inline __u32 *word(void *map, __u32 i)
+{
+	__u32 e = i >> 1;
+	__u32 *w = bpf_map_lookup_elem(map, &e);
+	return w ? w + (i & 1) : 0;
+}
+
+/* One frame's classification. */
 struct match_ctx {
 	struct pkt *p;
 	__u64 src_mask;
 	__u64 dst_mask;
-	__u32 slot;
-	__u32 entry; /* the matching rule entry */
-	__u8 maybe;  /* bit per kind of action of the rules that might have matched */
+	__u32 src_eq;
+	__u32 dst_eq;
+	__u32 node;       /* the tree walk's offset; then the leaf's */
+	__u32 first;      /* the lowest entry that matches; NO_ENTRY */
+	__u32 unknown[2]; /* the lowest that might have, had the frame carried
+			   * the fields it needs: [0] would pass, [1] not */
 };
+
+#define NO_ENTRY 0xffffffffu
 
 enum match_result {
 	NO_MATCH = 0,
@@ -48,7 +80,7 @@ enum match_result {
 	MATCH_UNKNOWN = 2, /* every field read matches; one the frame lacks decides */
 };
 
-static __always_inline int rule_matches(const volatile struct rule *r, struct match_ctx *m)
+static __always_inline int rule_matches(const struct rule *r, struct match_ctx *m)
 {
 	struct pkt *p = m->p;
 	__u32 f = r->match;
@@ -100,23 +132,127 @@ static __always_inline int rule_matches(const volatile struct rule *r, struct ma
 	return MATCH;
 }
 
-/* bpf_loop callback: the verifier checks the body once, not once per rule. */
-static long match_one(__u32 i, void *arg)
+/* The frame's value of a field, as an eq. */
+static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
+{
+	const struct pkt *p = m->p;
+	__u32 v;
+	switch (field) {
+	case FIELD_FAMILY:
+		return p->family == 6;
+	case FIELD_SRC:
+		return m->src_eq;
+	case FIELD_DST:
+		return m->dst_eq;
+	case FIELD_PROTO:
+		v = BASE_PROTO + (p->l4 == L4_UNKNOWN ? VALUE_UNKNOWN_PROTO : p->proto);
+		break;
+	case FIELD_SPORT:
+	case FIELD_DPORT:
+		/* As rule_matches judges ports. */
+		if (p->l4 == L4_UNKNOWN)
+			v = VALUE_UNKNOWN_PORTS;
+		else if (p->l4 == L4_NONE || (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP))
+			v = VALUE_NO_PORTS;
+		else if (p->l4_len < L4_PORTS)
+			v = VALUE_UNKNOWN_PORTS;
+		else
+			v = field == FIELD_SPORT ? p->sport : p->dport;
+		v += field == FIELD_SPORT ? BASE_SPORT : BASE_DPORT;
+		break;
+	case FIELD_FLAGS:
+		if (p->l4 == L4_UNKNOWN)
+			v = VALUE_UNKNOWN_FLAGS;
+		else if (p->l4 == L4_NONE || p->proto != IPPROTO_TCP)
+			v = VALUE_NO_FLAGS;
+		else if (p->l4_len < L4_FLAGS)
+			v = VALUE_UNKNOWN_FLAGS;
+		else
+			v = p->tcp_flags;
+		v += BASE_FLAGS;
+		break;
+	default:
+		v = BASE_LENGTH + (p->len > VALUE_LONG ? VALUE_LONG : p->len);
+	}
+	__u32 *eq = word(&field_eqs, v);
+	return eq ? *eq : 0;
+}
+
+/* bpf_loop callback: one entry of a leaf, in policy order. */
+static long scan_one(__u32 i, void *arg)
 {
 	struct match_ctx *m = arg;
-	if (i >= MAX_RULES)
+	__u32 at = m->node + 1 + i;
+	__u32 *e = word(&tree, at);
+	if (!e || *e >= m->first)
+		return 1; /* an earlier entry of another tree matched */
+	__u32 entry = *e;
+	struct rule *r = bpf_map_lookup_elem(&rules, &entry);
+	if (!r)
 		return 1;
-	int res = rule_matches(&rules[i], m);
+	int res = rule_matches(r, m);
 	if (res == MATCH) {
-		m->entry = i;
-		m->slot = SLOT_RULE0 + rules[i].rule;
+		m->first = entry;
 		return 1;
 	}
-	/* Bit 0: the rule would have passed it; bit 1: kept it from the
-	 * stack (drop, or maybe: limit, syncookie). */
-	if (res == MATCH_UNKNOWN)
-		m->maybe |= 1 << (rules[i].action != ACTION_PASS);
+	if (res == MATCH_UNKNOWN) {
+		__u32 kind = r->action != ACTION_PASS;
+		if (entry < m->unknown[kind & 1])
+			m->unknown[kind & 1] = entry;
+	}
 	return 0;
+}
+
+/* bpf_loop callback: one step down a tree; at the leaf, its scan. */
+static long walk_one(__u32 i, void *arg)
+{
+	struct match_ctx *m = arg;
+	__u32 *node = word(&tree, m->node);
+	if (!node)
+		return 1;
+	__u32 f = *node;
+	if (f & TREE_LEAF) {
+		bpf_loop(f & ~TREE_LEAF, scan_one, m, 0);
+		return 1;
+	}
+	__u32 at = m->node + 1 + field_eq(f, m);
+	__u32 *child = word(&tree, at);
+	if (!child)
+		return 1;
+	m->node = *child;
+	return 0;
+}
+
+/* An address's mask and its eq as a source (dst 0) or destination. */
+static __always_inline void address_eq(const __u8 *addr, int dst, struct match_ctx *m)
+{
+	__u64 *mask = dst ? &m->dst_mask : &m->src_mask;
+	__u32 *eq = dst ? &m->dst_eq : &m->src_eq;
+	struct class_eqs *e;
+	if (lookup_membership(m->p->family, addr, mask, eq))
+		e = bpf_map_lookup_elem(&mask_eqs, mask);
+	else
+		e = bpf_map_lookup_elem(&class_eqs, eq); /* *eq holds the class */
+	*eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
+}
+
+/* Finds the first matching rule entry of a parsed frame (m->first), and the
+ * first that might have matched by kind of action (m->unknown). */
+static __always_inline void classify(struct pkt *p, struct match_ctx *m)
+{
+	m->p = p;
+	m->first = m->unknown[0] = m->unknown[1] = NO_ENTRY;
+	m->src_eq = m->dst_eq = EQ_ANY;
+	if (need_src_lookup)
+		address_eq(p->saddr, 0, m);
+	if (need_dst_lookup)
+		address_eq(p->daddr, 1, m);
+	for (__u32 t = 0; t < MAX_TREES; t++) {
+		if (t >= num_trees)
+			break;
+		m->node = tree_roots[t];
+		bpf_loop(TREE_DEPTH, walk_one, m, 0);
+	}
 }
 
 static __always_inline void count(__u32 slot, __u64 bytes)
@@ -151,22 +287,24 @@ static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p, __u32 
 		return malformed_action;
 	}
 
-	struct match_ctx m = {.p = p, .slot = SLOT_DEFAULT};
-	if (need_src_lookup)
-		m.src_mask = list_membership(p->family, p->saddr);
-	if (need_dst_lookup)
-		m.dst_mask = list_membership(p->family, p->daddr);
-
-	bpf_loop(rule_count, match_one, &m, 0);
+	struct match_ctx m = {};
+	classify(p, &m);
 
 	__u8 act = default_action;
-	if (m.slot != SLOT_DEFAULT) {
-		if (m.entry >= MAX_RULES)
+	__u32 slot = SLOT_DEFAULT;
+	if (m.first != NO_ENTRY) {
+		struct rule *r = bpf_map_lookup_elem(&rules, &m.first);
+		if (!r)
 			return VERDICT_PASS;
-		act = rules[m.entry].action;
-		*rule = rules[m.entry].rule;
+		act = r->action;
+		*rule = r->rule;
+		slot = SLOT_RULE0 + r->rule;
 	}
-	if (m.maybe & ~(1 << (act != ACTION_PASS))) {
+	/* Bit 0: an earlier entry that might have matched would have passed
+	 * the frame; bit 1: kept it from the stack (drop, or maybe: limit,
+	 * syncookie). */
+	__u32 maybe = (m.unknown[0] < m.first) | (m.unknown[1] < m.first) << 1;
+	if (maybe & ~(1 << (act != ACTION_PASS))) {
 		count(SLOT_UNPARSED, bytes);
 		return unparsed_action;
 	}
@@ -176,13 +314,13 @@ static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p, __u32 
 			count_event(*rule, EVENT_OVER);
 			return VERDICT_DROP;
 		}
-		count(m.slot, bytes);
+		count(slot, bytes);
 		return VERDICT_PASS;
 	case ACTION_SYNCOOKIE:
-		count(m.slot, bytes);
+		count(slot, bytes);
 		return VERDICT_SYNCOOKIE;
 	}
-	count(m.slot, bytes);
+	count(slot, bytes);
 	return act == ACTION_DROP ? VERDICT_DROP : VERDICT_PASS;
 }
 
@@ -218,6 +356,8 @@ struct abi_enums {
 	enum cuckoo g;
 	enum limit_flags h;
 	enum rule_event i;
+	enum field j;
+	enum field_base k;
 };
 
 __attribute__((noinline)) int abi_enums(struct abi_enums *e)
@@ -255,13 +395,10 @@ int rampart_tc_cookie(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
-	struct match_ctx m = {.p = &p, .slot = SLOT_DEFAULT};
-	if (need_src_lookup)
-		m.src_mask = list_membership(p.family, p.saddr);
-	if (need_dst_lookup)
-		m.dst_mask = list_membership(p.family, p.daddr);
-	bpf_loop(rule_count, match_one, &m, 0);
-	if (m.slot == SLOT_DEFAULT || m.entry >= MAX_RULES || rules[m.entry].action != ACTION_SYNCOOKIE)
+	struct match_ctx m = {};
+	classify(&p, &m);
+	struct rule *r = bpf_map_lookup_elem(&rules, &m.first);
+	if (!r || r->action != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
-	return cookie_ack(skb, &p, rules[m.entry].rule) ? TCX_NEXT : TCX_DROP;
+	return cookie_ack(skb, &p, r->rule) ? TCX_NEXT : TCX_DROP;
 }

@@ -6,18 +6,22 @@
 
 #include "common.h"
 #include "parse.h"
+#include "lists.h" /* TABLE */
 
 /* SipHash key, random for every load: table slots and cookies cannot be
  * aimed at by whoever does not know it. */
 volatile const __u64 flood_key[2];
-volatile const struct limit limits[MAX_RULES];
 volatile const __u32 limit_buckets = 1; /* limit_sources' buckets, a power of two */
 volatile const __u8 cookie_wscale = 7;  /* the window scale SYN-ACKs offer */
+
+/* The limit rules' rates, by rule; these per-rule maps' max_entries are set
+ * to the policy's rules before load. */
+TABLE(limits, struct limit);
 
 /* Per-rule limits: one schedule per rule, shared by every CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MAX_RULES);
+	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } limit_state SEC(".maps");
@@ -33,7 +37,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_RULES);
+	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct rule_events);
 } rule_events SEC(".maps");
@@ -136,7 +140,7 @@ static __always_inline __u64 top_bits(__u64 v, __u32 n)
  * kept from eviction, and a flood of random sources cannot push them out
  * of the table to clear their debt. When every way of the bucket owes, the
  * new source is over: the table is full of sources over their rate. */
-static __always_inline int limit_source(__u32 rule, const volatile struct limit *l, const struct pkt *p, __u64 now, __u64 cost)
+static __always_inline int limit_source(__u32 rule, const struct limit *l, const struct pkt *p, __u64 now, __u64 cost)
 {
 	__u64 hi, lo = 0;
 	if (p->family == 4) {
@@ -189,9 +193,9 @@ static __always_inline int limit_source(__u32 rule, const volatile struct limit 
 /* Whether a packet of bytes conforms to rule's limit. */
 static __always_inline int limit_conforms(__u32 rule, const struct pkt *p, __u32 bytes)
 {
-	if (rule >= MAX_RULES)
+	const struct limit *l = bpf_map_lookup_elem(&limits, &rule);
+	if (!l)
 		return 1;
-	const volatile struct limit *l = &limits[rule];
 	__u64 now = bpf_ktime_get_ns();
 	__u64 cost = l->interval;
 	if (l->flags & LIMIT_BYTES)

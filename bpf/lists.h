@@ -251,17 +251,18 @@ static __always_inline __u32 v6_class(const __u8 *addr)
 	return w.cls >= 0 ? w.cls : n->base;
 }
 
-/* The lists holding addr (4 or 16 bytes, network order). */
-static __always_inline __u64 list_membership(__u8 family, const __u8 *addr)
+/* An address's lists: its class in the tables (*cls) and the mask of lists
+ * after the overlay (*mask). Returns whether the overlay changed it. */
+static __always_inline int lookup_membership(__u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
 {
-	__u32 cls = family == 4 ? v4_class(addr) : v6_class(addr);
-	__u64 *m = bpf_map_lookup_elem(&classes, &cls);
-	__u64 mask = m ? *m : 0;
+	*cls = family == 4 ? v4_class(addr) : v6_class(addr);
+	__u64 *m = bpf_map_lookup_elem(&classes, cls);
+	*mask = m ? *m : 0;
 
 	__u32 fi = family == 4 ? 0 : 1;
 	__u32 *live = bpf_map_lookup_elem(&overlay_entries, &fi);
 	if (!live || !*live)
-		return mask;
+		return 0;
 	struct overlay *o;
 	if (family == 4) {
 		struct lpm_v4_key k = {.prefixlen = 32};
@@ -272,7 +273,17 @@ static __always_inline __u64 list_membership(__u8 family, const __u8 *addr)
 		__builtin_memcpy(k.addr, addr, 16);
 		o = bpf_map_lookup_elem(&overlay_v6, &k);
 	}
-	if (o)
-		mask = (mask & ~o->clear) | o->set;
+	if (!o)
+		return 0;
+	*mask = (*mask & ~o->clear) | o->set;
+	return 1;
+}
+
+/* The lists holding addr (4 or 16 bytes, network order). */
+static __always_inline __u64 list_membership(__u8 family, const __u8 *addr)
+{
+	__u64 mask;
+	__u32 cls;
+	lookup_membership(family, addr, &mask, &cls);
 	return mask;
 }

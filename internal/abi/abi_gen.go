@@ -20,8 +20,7 @@ type Rule struct {
 	FlagsSet   uint8
 	FlagsClear uint8
 	Action     uint8
-	Rule       uint16
-	Pad        uint16
+	Rule       uint32
 }
 
 // Counter is struct counter.
@@ -160,9 +159,16 @@ type RuleEvents struct {
 	CookiesBad  uint64
 }
 
+// ClassEqs is struct class_eqs.
+type ClassEqs struct {
+	_   structs.HostLayout
+	Src uint32
+	Dst uint32
+}
+
 // enum limits
 const (
-	MaxRules     = 256
+	MaxRules     = 131072
 	MaxLists     = 64
 	VLANUnrolled = 2
 	L4Ports      = 4
@@ -176,7 +182,6 @@ const (
 	SlotDefault   = 2
 	SlotUnparsed  = 3
 	SlotRule0     = 4
-	NumSlots      = 260
 )
 
 // enum action
@@ -243,4 +248,37 @@ const (
 	EventCookieSent = 1
 	EventCookieOk   = 2
 	EventCookieBad  = 3
+)
+
+// enum field
+const (
+	FieldFamily       = 0
+	FieldSrc          = 1
+	FieldDst          = 2
+	FieldProto        = 3
+	FieldSport        = 4
+	FieldDport        = 5
+	FieldFlags        = 6
+	FieldLength       = 7
+	NumFields         = 8
+	ValueUnknownProto = 256
+	ValueNoPorts      = 65536
+	ValueUnknownPorts = 65537
+	ValueNoFlags      = 256
+	ValueUnknownFlags = 257
+	ValueLong         = 65536
+	EqAny             = 0
+	TreeLeaf          = 2147483648
+	MaxTrees          = 3
+	TreeDepth         = 9
+)
+
+// enum field_base
+const (
+	BaseProto   = 0
+	BaseSport   = 257
+	BaseDport   = 65795
+	BaseFlags   = 131333
+	BaseLength  = 131591
+	FieldValues = 197128
 )

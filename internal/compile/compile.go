@@ -20,9 +20,10 @@ func Build(pol *policy.Policy) *Image {
 		return b
 	}
 
-	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction())}
+	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
+		Limits: make([]abi.Limit, len(pol.Rules))}
 	for i, r := range pol.Rules {
-		cr := abi.Rule{Action: action(r.Action), Rule: uint16(i)}
+		cr := abi.Rule{Action: action(r.Action), Rule: uint32(i)}
 		img.NeedL4 = img.NeedL4 || r.NeedsL4()
 		for _, n := range r.Src {
 			cr.SrcLists |= bit(n)
@@ -82,6 +83,7 @@ func Build(pol *policy.Policy) *Image {
 		listBits = append(listBits, b)
 	}
 	img.Tables = BuildTables(lists, listBits)
+	img.Classifier = Classify(img.Rules, img.Classes)
 	return img
 }
 

@@ -22,13 +22,14 @@ type Image struct {
 	NeedL4          bool // some rule looks at the protocol, ports or flags
 	// Lists gives each list the rules refer to its bit in the masks.
 	Lists map[string]uint64
-	// Limits are the rate limits, by policy rule; PerSource: some rule
+	// Limits are the rate limits; PerSource: some rule
 	// limits per source (the source table is needed); Syncookie: some rule
 	// answers SYNs (the tc cookie check is needed).
-	Limits    [abi.MaxRules]abi.Limit
+	Limits    []abi.Limit // by policy rule
 	PerSource bool
 	Syncookie bool
 	Tables
+	Classifier
 }
 
 // Tables are the contents of the prefix-list maps (see bpf/common.h).
@@ -69,7 +70,7 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, img.Rules)
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
-	h.Write(AsBytes(img.Limits[:]))
+	h.Write(AsBytes(img.Limits))
 	t := &img.Tables
 	for _, part := range [][]byte{AsBytes(t.V4Blocks), AsBytes(t.V4BlockMul[:]), AsBytes(t.V4Wide), AsBytes(t.V4WideMul[:]),
 		AsBytes(t.V4Bitmaps), AsBytes(t.V4Tbl8s), AsBytes(t.V6Blocks), AsBytes(t.V6BlockMul[:]), AsBytes(t.V6Short),
@@ -117,4 +118,9 @@ func AsBytes[T any](s []T) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&s[0])), len(s)*int(unsafe.Sizeof(s[0])))
+}
+
+// KernelBytes estimates the kernel memory of the image's maps.
+func (img *Image) KernelBytes() uint64 {
+	return img.Tables.KernelBytes() + img.Classifier.KernelBytes() + uint64(len(img.Rules))*uint64(unsafe.Sizeof(abi.Rule{}))
 }

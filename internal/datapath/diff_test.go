@@ -56,7 +56,8 @@ func TestDifferential(t *testing.T) {
 
 func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int {
 	t.Helper()
-	want := make([]uint64, abi.NumSlots)
+	slots := abi.SlotRule0 + len(l.pol.Rules)
+	want := make([]uint64, slots)
 	ran := 0
 	for ran < n {
 		frame := randomFrame(rng)
@@ -74,11 +75,11 @@ func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int 
 		want[expectedSlot(v)]++
 		ran++
 	}
-	got, err := l.objs.ReadCounters(abi.NumSlots)
+	got, err := l.objs.ReadCounters(slots)
 	if err != nil {
 		t.Fatal(err)
 	}
-	events, err := l.objs.ReadEvents(abi.MaxRules)
+	events, err := l.objs.ReadEvents(len(l.pol.Rules))
 	if err != nil {
 		t.Fatal(err)
 	}

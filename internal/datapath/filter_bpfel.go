@@ -16,15 +16,21 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	filterMapClassEqs         = "class_eqs"
 	filterMapClasses          = "classes"
 	filterMapCookieScratch    = "cookie_scratch"
 	filterMapCounters         = "counters"
+	filterMapFieldEqs         = "field_eqs"
 	filterMapLimitSources     = "limit_sources"
 	filterMapLimitState       = "limit_state"
+	filterMapLimits           = "limits"
+	filterMapMaskEqs          = "mask_eqs"
 	filterMapOverlayEntries   = "overlay_entries"
 	filterMapOverlayV4        = "overlay_v4"
 	filterMapOverlayV6        = "overlay_v6"
 	filterMapRuleEvents       = "rule_events"
+	filterMapRules            = "rules"
+	filterMapTree             = "tree"
 	filterMapV4Bitmaps        = "v4_bitmaps"
 	filterMapV4Blocks         = "v4_blocks"
 	filterMapV4Tbl8s          = "v4_tbl8s"
@@ -39,13 +45,12 @@ const (
 	filterVarDefaultAction    = "default_action"
 	filterVarFloodKey         = "flood_key"
 	filterVarLimitBuckets     = "limit_buckets"
-	filterVarLimits           = "limits"
 	filterVarMalformedAction  = "malformed_action"
 	filterVarNeedDstLookup    = "need_dst_lookup"
 	filterVarNeedL4           = "need_l4"
 	filterVarNeedSrcLookup    = "need_src_lookup"
-	filterVarRuleCount        = "rule_count"
-	filterVarRules            = "rules"
+	filterVarNumTrees         = "num_trees"
+	filterVarTreeRoots        = "tree_roots"
 	filterVarUnparsedAction   = "unparsed_action"
 	filterVarV4BlockMul       = "v4_block_mul"
 	filterVarV4Buckets        = "v4_buckets"
@@ -111,15 +116,21 @@ type filterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterMapSpecs struct {
+	ClassEqs       *ebpf.MapSpec `ebpf:"class_eqs"`
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
 	CookieScratch  *ebpf.MapSpec `ebpf:"cookie_scratch"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
+	FieldEqs       *ebpf.MapSpec `ebpf:"field_eqs"`
 	LimitSources   *ebpf.MapSpec `ebpf:"limit_sources"`
 	LimitState     *ebpf.MapSpec `ebpf:"limit_state"`
+	Limits         *ebpf.MapSpec `ebpf:"limits"`
+	MaskEqs        *ebpf.MapSpec `ebpf:"mask_eqs"`
 	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
 	RuleEvents     *ebpf.MapSpec `ebpf:"rule_events"`
+	Rules          *ebpf.MapSpec `ebpf:"rules"`
+	Tree           *ebpf.MapSpec `ebpf:"tree"`
 	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
@@ -137,13 +148,12 @@ type filterVariableSpecs struct {
 	DefaultAction   *ebpf.VariableSpec `ebpf:"default_action"`
 	FloodKey        *ebpf.VariableSpec `ebpf:"flood_key"`
 	LimitBuckets    *ebpf.VariableSpec `ebpf:"limit_buckets"`
-	Limits          *ebpf.VariableSpec `ebpf:"limits"`
 	MalformedAction *ebpf.VariableSpec `ebpf:"malformed_action"`
 	NeedDstLookup   *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
 	NeedL4          *ebpf.VariableSpec `ebpf:"need_l4"`
 	NeedSrcLookup   *ebpf.VariableSpec `ebpf:"need_src_lookup"`
-	RuleCount       *ebpf.VariableSpec `ebpf:"rule_count"`
-	Rules           *ebpf.VariableSpec `ebpf:"rules"`
+	NumTrees        *ebpf.VariableSpec `ebpf:"num_trees"`
+	TreeRoots       *ebpf.VariableSpec `ebpf:"tree_roots"`
 	UnparsedAction  *ebpf.VariableSpec `ebpf:"unparsed_action"`
 	V4BlockMul      *ebpf.VariableSpec `ebpf:"v4_block_mul"`
 	V4Buckets       *ebpf.VariableSpec `ebpf:"v4_buckets"`
@@ -178,15 +188,21 @@ func (o *filterObjects) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterMaps struct {
+	ClassEqs       *ebpf.Map `ebpf:"class_eqs"`
 	Classes        *ebpf.Map `ebpf:"classes"`
 	CookieScratch  *ebpf.Map `ebpf:"cookie_scratch"`
 	Counters       *ebpf.Map `ebpf:"counters"`
+	FieldEqs       *ebpf.Map `ebpf:"field_eqs"`
 	LimitSources   *ebpf.Map `ebpf:"limit_sources"`
 	LimitState     *ebpf.Map `ebpf:"limit_state"`
+	Limits         *ebpf.Map `ebpf:"limits"`
+	MaskEqs        *ebpf.Map `ebpf:"mask_eqs"`
 	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
 	RuleEvents     *ebpf.Map `ebpf:"rule_events"`
+	Rules          *ebpf.Map `ebpf:"rules"`
+	Tree           *ebpf.Map `ebpf:"tree"`
 	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
@@ -198,15 +214,21 @@ type filterMaps struct {
 
 func (m *filterMaps) Close() error {
 	return _FilterClose(
+		m.ClassEqs,
 		m.Classes,
 		m.CookieScratch,
 		m.Counters,
+		m.FieldEqs,
 		m.LimitSources,
 		m.LimitState,
+		m.Limits,
+		m.MaskEqs,
 		m.OverlayEntries,
 		m.OverlayV4,
 		m.OverlayV6,
 		m.RuleEvents,
+		m.Rules,
+		m.Tree,
 		m.V4Bitmaps,
 		m.V4Blocks,
 		m.V4Tbl8s,
@@ -225,13 +247,12 @@ type filterVariables struct {
 	DefaultAction   *ebpf.Variable `ebpf:"default_action"`
 	FloodKey        *ebpf.Variable `ebpf:"flood_key"`
 	LimitBuckets    *ebpf.Variable `ebpf:"limit_buckets"`
-	Limits          *ebpf.Variable `ebpf:"limits"`
 	MalformedAction *ebpf.Variable `ebpf:"malformed_action"`
 	NeedDstLookup   *ebpf.Variable `ebpf:"need_dst_lookup"`
 	NeedL4          *ebpf.Variable `ebpf:"need_l4"`
 	NeedSrcLookup   *ebpf.Variable `ebpf:"need_src_lookup"`
-	RuleCount       *ebpf.Variable `ebpf:"rule_count"`
-	Rules           *ebpf.Variable `ebpf:"rules"`
+	NumTrees        *ebpf.Variable `ebpf:"num_trees"`
+	TreeRoots       *ebpf.Variable `ebpf:"tree_roots"`
 	UnparsedAction  *ebpf.Variable `ebpf:"unparsed_action"`
 	V4BlockMul      *ebpf.Variable `ebpf:"v4_block_mul"`
 	V4Buckets       *ebpf.Variable `ebpf:"v4_buckets"`

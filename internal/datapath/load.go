@@ -67,26 +67,25 @@ func Load(img *compile.Image) (*Objects, error) {
 	if err := spec.Assign(&specs); err != nil {
 		return nil, err
 	}
-	var rules [abi.MaxRules]abi.Rule
-	copy(rules[:], img.Rules)
 	var key [2]uint64
 	if err := binary.Read(rand.Reader, binary.LittleEndian, &key); err != nil {
 		return nil, fmt.Errorf("a key for the flood tables: %w", err)
 	}
+	var roots [abi.MaxTrees]uint32
+	copy(roots[:], img.Roots)
 	v := &specs.filterVariableSpecs
 	for _, set := range []struct {
 		spec  *ebpf.VariableSpec
 		value any
 	}{
-		{v.Rules, rules},
-		{v.RuleCount, uint32(len(img.Rules))},
+		{v.NumTrees, uint32(len(img.Roots))},
+		{v.TreeRoots, roots},
 		{v.DefaultAction, img.DefaultAction},
 		{v.UnparsedAction, img.UnparsedAction},
 		{v.MalformedAction, img.MalformedAction},
 		{v.NeedSrcLookup, img.NeedSrc},
 		{v.NeedDstLookup, img.NeedDst},
 		{v.NeedL4, img.NeedL4},
-		{v.Limits, img.Limits},
 		{v.FloodKey, key},
 		{v.LimitBuckets, uint32(limitBuckets(img))},
 	} {
@@ -101,17 +100,45 @@ func Load(img *compile.Image) (*Objects, error) {
 	if err := ts.Size(&img.Tables); err != nil {
 		return nil, err
 	}
-	m.LimitSources.MaxEntries = uint32(limitBuckets(img))
+	rules := max(1, len(img.Limits))
+	for _, size := range []struct {
+		spec *ebpf.MapSpec
+		n    int
+	}{
+		{m.LimitSources, limitBuckets(img)}, {m.Rules, len(img.Rules)}, {m.Tree, (len(img.Tree) + 1) / 2}, {m.FieldEqs, (len(img.FieldEqs) + 1) / 2},
+		{m.ClassEqs, len(img.ClassEqs)}, {m.Limits, rules}, {m.LimitState, rules}, {m.RuleEvents, rules}, {m.Counters, abi.SlotRule0 + rules},
+	} {
+		size.spec.MaxEntries = uint32(max(1, size.n))
+	}
 	var objs filterObjects
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, loadError(err)
 	}
 	o := &Objects{objs.filterPrograms, objs.filterMaps}
-	if err := o.tables().Fill(&img.Tables); err != nil {
+	if err := o.fill(img); err != nil {
 		o.Close()
-		return nil, fmt.Errorf("fill the prefix-list tables: %w", err)
+		return nil, err
 	}
 	return o, nil
+}
+
+// fill writes an image's rules, classifier and tables into fresh maps.
+func (o *Objects) fill(img *compile.Image) error {
+	for _, a := range []struct {
+		m    *ebpf.Map
+		data []byte
+	}{
+		{o.Rules, compile.AsBytes(img.Rules)}, {o.Tree, compile.AsBytes(img.Tree)}, {o.FieldEqs, compile.AsBytes(img.FieldEqs)},
+		{o.ClassEqs, compile.AsBytes(img.ClassEqs)}, {o.Limits, compile.AsBytes(img.Limits)},
+	} {
+		if err := writeArray(a.m, a.data); err != nil {
+			return fmt.Errorf("fill the rules: %w", err)
+		}
+	}
+	if err := o.tables().Fill(&img.Tables); err != nil {
+		return fmt.Errorf("fill the prefix-list tables: %w", err)
+	}
+	return o.addMaskEqs(img.OverlayV4, img.OverlayV6)
 }
 
 // LimitSourceBuckets is the per-source limit table's size: 2^16 buckets of
@@ -144,32 +171,47 @@ func (o *Objects) tables() TableMaps {
 // Close releases the file descriptors; pinned objects stay in the kernel.
 func (o *Objects) Close() error {
 	var errs []error
-	for _, c := range o.all() {
-		if c.obj != nil {
-			errs = append(errs, c.obj.Close())
+	for _, x := range o.objects() {
+		if c := x.get(); c != nil {
+			errs = append(errs, c.Close())
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// pinned is one object of a generation and its pin name.
-type pinned struct {
+// object is one program or map of a generation, under its name in bpf/.
+type object struct {
 	name string
-	obj  interface {
-		Pin(string) error
-		Close() error
-	}
+	prog **ebpf.Program
+	m    **ebpf.Map
 }
 
-// all lists the objects under their names in bpf/filter.c and lists.h.
-func (o *Objects) all() []pinned {
-	return []pinned{
-		{filterProgRampartXdp, o.RampartXdp}, {filterProgRampartTc, o.RampartTc}, {filterProgRampartTcCookie, o.RampartTcCookie},
-		{filterMapCounters, o.Counters}, {filterMapRuleEvents, o.RuleEvents}, {filterMapLimitState, o.LimitState}, {filterMapLimitSources, o.LimitSources},
-		{filterMapV4Blocks, o.V4Blocks}, {filterMapV4Wide, o.V4Wide}, {filterMapV4Bitmaps, o.V4Bitmaps}, {filterMapV4Tbl8s, o.V4Tbl8s},
-		{filterMapV6Blocks, o.V6Blocks}, {filterMapV6Short, o.V6Short}, {filterMapV6Long, o.V6Long},
-		{filterMapClasses, o.Classes}, {filterMapOverlayV4, o.OverlayV4}, {filterMapOverlayV6, o.OverlayV6},
-		{filterMapOverlayEntries, o.OverlayEntries},
+func (x object) get() interface {
+	Pin(string) error
+	Close() error
+} {
+	if x.prog != nil && *x.prog != nil {
+		return *x.prog
+	}
+	if x.m != nil && *x.m != nil {
+		return *x.m
+	}
+	return nil
+}
+
+// objects is the one list of what a generation pins, closes and opens again.
+func (o *Objects) objects() []object {
+	p := func(name string, x **ebpf.Program) object { return object{name: name, prog: x} }
+	m := func(name string, x **ebpf.Map) object { return object{name: name, m: x} }
+	return []object{
+		p(filterProgRampartXdp, &o.RampartXdp), p(filterProgRampartTc, &o.RampartTc), p(filterProgRampartTcCookie, &o.RampartTcCookie),
+		m(filterMapCounters, &o.Counters), m(filterMapRuleEvents, &o.RuleEvents), m(filterMapLimitState, &o.LimitState), m(filterMapLimitSources, &o.LimitSources),
+		m(filterMapLimits, &o.Limits), m(filterMapRules, &o.Rules), m(filterMapTree, &o.Tree), m(filterMapFieldEqs, &o.FieldEqs),
+		m(filterMapClassEqs, &o.ClassEqs), m(filterMapMaskEqs, &o.MaskEqs),
+		m(filterMapV4Blocks, &o.V4Blocks), m(filterMapV4Wide, &o.V4Wide), m(filterMapV4Bitmaps, &o.V4Bitmaps), m(filterMapV4Tbl8s, &o.V4Tbl8s),
+		m(filterMapV6Blocks, &o.V6Blocks), m(filterMapV6Short, &o.V6Short), m(filterMapV6Long, &o.V6Long),
+		m(filterMapClasses, &o.Classes), m(filterMapOverlayV4, &o.OverlayV4), m(filterMapOverlayV6, &o.OverlayV6),
+		m(filterMapOverlayEntries, &o.OverlayEntries),
 	}
 }
 
@@ -179,10 +221,10 @@ func (o *Objects) Pin(dir string) error {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return err
 	}
-	for _, p := range o.all() {
-		if err := p.obj.Pin(filepath.Join(dir, p.name)); err != nil {
+	for _, x := range o.objects() {
+		if err := x.get().Pin(filepath.Join(dir, x.name)); err != nil {
 			os.RemoveAll(dir)
-			return fmt.Errorf("pin %s: %w", p.name, err)
+			return fmt.Errorf("pin %s: %w", x.name, err)
 		}
 	}
 	return nil
@@ -191,36 +233,25 @@ func (o *Objects) Pin(dir string) error {
 // LoadPinned opens the objects pinned in dir.
 func LoadPinned(dir string) (*Objects, error) {
 	o := &Objects{}
-	var err error
-	prog := func(name string) *ebpf.Program {
-		var p *ebpf.Program
-		if err == nil {
-			p, err = ebpf.LoadPinnedProgram(filepath.Join(dir, name), nil)
+	for _, x := range o.objects() {
+		var err error
+		path := filepath.Join(dir, x.name)
+		if x.prog != nil {
+			*x.prog, err = ebpf.LoadPinnedProgram(path, nil)
+		} else {
+			*x.m, err = ebpf.LoadPinnedMap(path, nil)
 		}
-		return p
-	}
-	m := func(name string) *ebpf.Map {
-		var x *ebpf.Map
-		if err == nil {
-			x, err = ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+		if err != nil {
+			o.Close()
+			return nil, fmt.Errorf("objects pinned in %s: %w", dir, err)
 		}
-		return x
-	}
-	o.RampartXdp, o.RampartTc, o.RampartTcCookie = prog(filterProgRampartXdp), prog(filterProgRampartTc), prog(filterProgRampartTcCookie)
-	o.Counters, o.RuleEvents, o.LimitState, o.LimitSources = m(filterMapCounters), m(filterMapRuleEvents), m(filterMapLimitState), m(filterMapLimitSources)
-	o.V4Blocks, o.V4Wide, o.V4Bitmaps, o.V4Tbl8s = m(filterMapV4Blocks), m(filterMapV4Wide), m(filterMapV4Bitmaps), m(filterMapV4Tbl8s)
-	o.V6Blocks, o.V6Short, o.V6Long = m(filterMapV6Blocks), m(filterMapV6Short), m(filterMapV6Long)
-	o.Classes, o.OverlayV4, o.OverlayV6, o.OverlayEntries = m(filterMapClasses), m(filterMapOverlayV4), m(filterMapOverlayV6), m(filterMapOverlayEntries)
-	if err != nil {
-		o.Close()
-		return nil, fmt.Errorf("objects pinned in %s: %w", dir, err)
 	}
 	return o, nil
 }
 
 // ReadEvents sums the per-CPU limit and cookie events of the first n rules.
 func (o *Objects) ReadEvents(n int) ([]abi.RuleEvents, error) {
-	out := make([]abi.RuleEvents, min(n, abi.MaxRules))
+	out := make([]abi.RuleEvents, min(n, int(o.RuleEvents.MaxEntries())))
 	var percpu []abi.RuleEvents
 	for i := range out {
 		if err := o.RuleEvents.Lookup(uint32(i), &percpu); err != nil {
@@ -238,7 +269,7 @@ func (o *Objects) ReadEvents(n int) ([]abi.RuleEvents, error) {
 
 // ReadCounters sums the per-CPU counters of the first n slots.
 func (o *Objects) ReadCounters(n int) ([]abi.Counter, error) {
-	out := make([]abi.Counter, min(n, abi.NumSlots))
+	out := make([]abi.Counter, min(n, int(o.Counters.MaxEntries())))
 	var percpu []abi.Counter
 	for slot := range out {
 		if err := o.Counters.Lookup(uint32(slot), &percpu); err != nil {

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/cilium/ebpf"
 
@@ -12,7 +13,69 @@ import (
 // ReplaceOverlay rewrites the in-place overlay of the objects (see
 // TableMaps.ReplaceOverlay).
 func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	if err := o.addMaskEqs(v4, v6); err != nil {
+		return err
+	}
 	return o.tables().ReplaceOverlay(v4, v6)
+}
+
+// addMaskEqs tells the classifier the eqs of the list masks the overlay
+// makes: a mask some address class has takes that class's eqs. A mask no
+// class has stays unknown, and its addresses are judged under EQ_ANY, by the
+// leaves: correct, only slower. Entries are only ever added: a mask's eqs
+// are fixed for the life of the objects.
+func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	deltas := map[abi.Overlay]bool{}
+	for _, e := range v4 {
+		deltas[e.Overlay] = true
+	}
+	for _, e := range v6 {
+		deltas[e.Overlay] = true
+	}
+	if len(deltas) == 0 {
+		return nil
+	}
+	masks, err := readArray[uint64](o.Classes)
+	if err != nil {
+		return err
+	}
+	eqs, err := readArray[abi.ClassEqs](o.ClassEqs)
+	if err != nil {
+		return err
+	}
+	known := make(map[uint64]abi.ClassEqs, len(masks))
+	for c, m := range masks {
+		if c < len(eqs) {
+			known[m] = eqs[c]
+		}
+	}
+	room := int(o.MaskEqs.MaxEntries())
+	for d := range deltas {
+		for _, m := range masks {
+			after := m&^d.Clear | d.Set
+			e, ok := known[after]
+			if !ok || room == 0 {
+				continue
+			}
+			if err := o.MaskEqs.Update(after, e, ebpf.UpdateNoExist); err == nil {
+				room--
+			} else if !errors.Is(err, ebpf.ErrKeyExist) {
+				return fmt.Errorf("the classifier's overlay masks: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// readArray copies an mmap-able array map's elements.
+func readArray[T any](m *ebpf.Map) ([]T, error) {
+	mem, err := m.Memory()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", m, err)
+	}
+	out := make([]T, m.MaxEntries())
+	_, err = mem.ReadAt(compile.AsBytes(out), 0)
+	return out, err
 }
 
 // ReplaceOverlay rewrites the in-place overlay: new and changed entries

@@ -40,7 +40,8 @@ func load(t testing.TB, kind datapath.Kind, yaml string) *loaded {
 // counter slot it was counted in.
 func (l *loaded) run(t testing.TB, frame []byte) (uint8, int) {
 	t.Helper()
-	before, err := l.objs.ReadCounters(abi.NumSlots)
+	slots := abi.SlotRule0 + len(l.pol.Rules)
+	before, err := l.objs.ReadCounters(slots)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func (l *loaded) run(t testing.TB, frame []byte) (uint8, int) {
 	if err != nil {
 		t.Fatalf("prog run: %v", err)
 	}
-	after, err := l.objs.ReadCounters(abi.NumSlots)
+	after, err := l.objs.ReadCounters(slots)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ func Check(pol *policy.Policy) (*CheckReport, error) {
 	}
 	t := &img.Tables
 	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: len(t.V4Bitmaps) + len(t.V4Tbl8s), V6Prefixes: t.V6Prefixes(),
-		TableBytes: t.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
+		TableBytes: img.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
 		Warnings: pol.Warnings, Lists: []ListReport{}}
 	for _, name := range pol.ListNames() {
 		l := pol.Lists[name]

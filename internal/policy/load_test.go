@@ -113,7 +113,7 @@ func TestTooManyRules(t *testing.T) {
 	for i := 0; i <= MaxRules; i++ {
 		b.WriteString("  - {name: r" + strconv.Itoa(i) + ", action: drop}\n")
 	}
-	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), "at most 256") {
+	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), "at most "+strconv.Itoa(MaxRules)) {
 		t.Fatalf("got %v", err)
 	}
 }

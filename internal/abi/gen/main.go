@@ -41,10 +41,11 @@ var structs = []struct{ c, goName string }{
 	{"limit_entry", "LimitEntry"},
 	{"limit_bucket", "LimitBucket"},
 	{"rule_events", "RuleEvents"},
+	{"class_eqs", "ClassEqs"},
 }
 
 // The enums whose values become untyped constants.
-var enums = []string{"limits", "slot", "action", "match_field", "cuckoo", "v4_entry", "v6_table", "limit_flags", "rule_event"}
+var enums = []string{"limits", "slot", "action", "match_field", "cuckoo", "v4_entry", "v6_table", "limit_flags", "rule_event", "field", "field_base"}
 
 func main() {
 	out := flag.String("o", "abi_gen.go", "output file")

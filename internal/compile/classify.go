@@ -1,0 +1,507 @@
+package compile
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+)
+
+// Classifier is the rule entries compiled into the data plane's decision
+// trees (bpf/common.h): what each field's values are to the rules, and trees
+// over those eqs down to leaves of the few entries a frame may match.
+type Classifier struct {
+	Tree     []uint32
+	Roots    []uint32
+	FieldEqs []uint32       // abi.FieldValues entries, by field base and value
+	ClassEqs []abi.ClassEqs // by address class
+}
+
+// KernelBytes is the kernel memory the classifier's maps take.
+func (c *Classifier) KernelBytes() uint64 {
+	return uint64(len(c.Tree)+len(c.FieldEqs))*4 + uint64(len(c.ClassEqs))*8
+}
+
+// LeafMax is the most entries a leaf holds when a field is left to split
+// them: a frame matches at most this many whole.
+const LeafMax = 4
+
+// treeBudget bounds the trees (u32 words, 64 MiB): past it, nodes are not
+// split any more and leaves grow, correct but slower to scan.
+const treeBudget = 1 << 24
+
+// status is what a field's eq makes of an entry that tests the field.
+type status uint8
+
+const (
+	stNo      status = iota // the entry cannot match
+	stMatch                 // the field matches
+	stUnknown               // the frame lacks the field: the entry might have matched
+	stVague                 // EQ_ANY: the leaf decides
+)
+
+// cand is an eq of a field under which an entry may match.
+type cand struct {
+	eq uint32
+	st status
+}
+
+// field is one field's eqs: per entry testing it, the eqs under which it
+// may match (nil: the entry does not test the field).
+type field struct {
+	n     int
+	cands [][]cand
+}
+
+// keys are random 128-bit identities of (entry, status), XORed into the key
+// of a value's judgement: equal keys, the same judgement by every rule.
+// (Distinct judgements collide with probability about eqs²/2^128.) The seed
+// is fixed so that a policy always compiles to the same tables.
+type keys [][2][2]uint64
+
+func newKeys(n int) keys {
+	rng := rand.New(rand.NewPCG(0x72616d70, 0x61727421))
+	k := make(keys, n)
+	for i := range k {
+		k[i] = [2][2]uint64{{rng.Uint64(), rng.Uint64()}, {rng.Uint64(), rng.Uint64()}}
+	}
+	return k
+}
+
+func (k keys) of(r int, st status) [2]uint64 {
+	return k[r][st-stMatch]
+}
+
+// eqTable numbers judgements as they are met.
+type eqTable struct {
+	ids  map[[2]uint64]uint32
+	next uint32
+}
+
+func newEqTable(first uint32) *eqTable {
+	return &eqTable{ids: map[[2]uint64]uint32{}, next: first}
+}
+
+func (t *eqTable) id(k [2]uint64) uint32 {
+	id, ok := t.ids[k]
+	if !ok {
+		id = t.next
+		t.ids[k] = id
+		t.next++
+	}
+	return id
+}
+
+// pointField builds a field whose values (0 to values-1) are judged one by
+// one: st says how entry r fares with value v. eqs[v] is v's eq, the first
+// eq being first.
+func pointField(entries []abi.Rule, k keys, tests func(r int) bool, values int, first uint32,
+	st func(r, v int) status) (f field, eqs []uint32, table *eqTable) {
+	table = newEqTable(first)
+	f.cands = make([][]cand, len(entries))
+	var testers []int
+	for r := range entries {
+		if tests(r) {
+			testers = append(testers, r)
+			f.cands[r] = []cand{}
+		}
+	}
+	eqs = make([]uint32, values)
+	seen := map[uint32]bool{}
+	for v := range values {
+		var key [2]uint64
+		for _, r := range testers {
+			if s := st(r, v); s != stNo {
+				x := k.of(r, s)
+				key[0] ^= x[0]
+				key[1] ^= x[1]
+			}
+		}
+		eq := table.id(key)
+		eqs[v] = eq
+		if seen[eq] {
+			continue
+		}
+		seen[eq] = true
+		for _, r := range testers {
+			if s := st(r, v); s != stNo {
+				f.cands[r] = append(f.cands[r], cand{eq, s})
+			}
+		}
+	}
+	f.n = int(table.next)
+	return f, eqs, table
+}
+
+// rangeField builds a field whose entries each match one range of values
+// below limit; the values from limit up are special: special(v) is stNo or
+// stUnknown for every entry testing the field. The values are swept in
+// elementary intervals, not one by one.
+func rangeField(entries []abi.Rule, k keys, tests func(r int) bool, rng func(r int) (lo, hi int), limit int,
+	special []status) (f field, eqs []uint32) {
+	table := newEqTable(0)
+	f.cands = make([][]cand, len(entries))
+	type event struct{ at, r int }
+	var events []event
+	for r := range entries {
+		if tests(r) {
+			f.cands[r] = []cand{}
+			lo, hi := rng(r)
+			events = append(events, event{lo, r}, event{hi + 1, r})
+		}
+	}
+	slices.SortFunc(events, func(a, b event) int { return a.at - b.at })
+	eqs = make([]uint32, limit+len(special))
+	// Elementary intervals: starts[i] to starts[i+1]-1 share eq ivEq[i].
+	var starts []int
+	var ivEq []uint32
+	var key [2]uint64
+	for i, at := 0, 0; at < limit; {
+		for ; i < len(events) && events[i].at == at; i++ {
+			x := k.of(events[i].r, stMatch)
+			key[0] ^= x[0]
+			key[1] ^= x[1]
+		}
+		end := limit
+		if i < len(events) {
+			end = min(end, events[i].at)
+		}
+		eq := table.id(key)
+		starts = append(starts, at)
+		ivEq = append(ivEq, eq)
+		for v := at; v < end; v++ {
+			eqs[v] = eq
+		}
+		at = end
+	}
+	stamp := make([]int, 0)
+	for r := range entries {
+		if f.cands[r] == nil {
+			continue
+		}
+		lo, hi := rng(r)
+		i, _ := slices.BinarySearch(starts, lo+1)
+		for i--; i < len(starts) && starts[i] <= hi; i++ {
+			eq := ivEq[i]
+			for int(eq) >= len(stamp) {
+				stamp = append(stamp, -1)
+			}
+			if stamp[eq] != r {
+				stamp[eq] = r
+				f.cands[r] = append(f.cands[r], cand{eq, stMatch})
+			}
+		}
+	}
+	for j, s := range special {
+		var key [2]uint64
+		for r := range entries {
+			if f.cands[r] != nil && s != stNo {
+				x := k.of(r, s)
+				key[0] ^= x[0]
+				key[1] ^= x[1]
+			}
+		}
+		known := table.next
+		eq := table.id(key)
+		eqs[limit+j] = eq
+		if s != stNo && eq >= known {
+			for r := range entries {
+				if f.cands[r] != nil {
+					f.cands[r] = append(f.cands[r], cand{eq, s})
+				}
+			}
+		}
+	}
+	f.n = int(table.next)
+	return f, eqs
+}
+
+// Classify compiles entries, in policy order, over the address classes
+// (class id -> list mask).
+func Classify(entries []abi.Rule, classes []uint64) Classifier {
+	var c Classifier
+	k := newKeys(len(entries))
+	tests := func(bit uint32) func(int) bool {
+		return func(r int) bool { return entries[r].Match&bit != 0 }
+	}
+	var fs [abi.NumFields]field
+	fs[abi.FieldFamily], _, _ = pointField(entries, k, tests(abi.MatchIPv4|abi.MatchIPv6), 2, 0, func(r, v int) status {
+		if (entries[r].Match&abi.MatchIPv6 != 0) == (v == 1) {
+			return stMatch
+		}
+		return stNo
+	})
+	c.FieldEqs = make([]uint32, abi.FieldValues)
+	var eqs []uint32
+	fs[abi.FieldProto], eqs, _ = pointField(entries, k, tests(abi.MatchProto), abi.ValueUnknownProto+1, 0, func(r, v int) status {
+		switch {
+		case v == abi.ValueUnknownProto:
+			return stUnknown
+		case v == int(entries[r].Proto):
+			return stMatch
+		}
+		return stNo
+	})
+	copy(c.FieldEqs[abi.BaseProto:], eqs)
+	fs[abi.FieldFlags], eqs, _ = pointField(entries, k, tests(abi.MatchTCPFlags), abi.ValueUnknownFlags+1, 0, func(r, v int) status {
+		e := &entries[r]
+		switch {
+		case v == abi.ValueUnknownFlags:
+			return stUnknown
+		case v == abi.ValueNoFlags:
+			return stNo
+		case uint8(v)&e.FlagsSet == e.FlagsSet && uint8(v)&e.FlagsClear == 0:
+			return stMatch
+		}
+		return stNo
+	})
+	copy(c.FieldEqs[abi.BaseFlags:], eqs)
+	ports := []status{stNo, stUnknown} // VALUE_NO_PORTS, VALUE_UNKNOWN_PORTS
+	fs[abi.FieldSport], eqs = rangeField(entries, k, tests(abi.MatchSport), func(r int) (int, int) {
+		return int(entries[r].SportLo), int(entries[r].SportHi)
+	}, abi.ValueNoPorts, ports)
+	copy(c.FieldEqs[abi.BaseSport:], eqs)
+	fs[abi.FieldDport], eqs = rangeField(entries, k, tests(abi.MatchDport), func(r int) (int, int) {
+		return int(entries[r].DportLo), int(entries[r].DportHi)
+	}, abi.ValueNoPorts, ports)
+	copy(c.FieldEqs[abi.BaseDport:], eqs)
+	fs[abi.FieldLength], eqs = rangeField(entries, k, tests(abi.MatchLength), func(r int) (int, int) {
+		return int(entries[r].LenLo), int(entries[r].LenHi)
+	}, abi.ValueLong, []status{stNo})
+	copy(c.FieldEqs[abi.BaseLength:], eqs)
+
+	// Addresses: a class's eq as a source and as a destination, eq 0
+	// (EQ_ANY) keeping every entry that tests the field.
+	c.ClassEqs = make([]abi.ClassEqs, len(classes))
+	for _, a := range []struct {
+		f     int
+		bit   uint32
+		lists func(r int) uint64
+		set   func(e *abi.ClassEqs, eq uint32)
+	}{
+		{abi.FieldSrc, abi.MatchSrc, func(r int) uint64 { return entries[r].SrcLists }, func(e *abi.ClassEqs, eq uint32) { e.Src = eq }},
+		{abi.FieldDst, abi.MatchDst, func(r int) uint64 { return entries[r].DstLists }, func(e *abi.ClassEqs, eq uint32) { e.Dst = eq }},
+	} {
+		f, eqs, _ := pointField(entries, k, tests(a.bit), len(classes), abi.EqAny+1, func(r, v int) status {
+			if classes[v]&a.lists(r) != 0 {
+				return stMatch
+			}
+			return stNo
+		})
+		f.n = max(f.n, abi.EqAny+1)
+		for r := range f.cands {
+			if f.cands[r] != nil {
+				f.cands[r] = append(f.cands[r], cand{abi.EqAny, stVague})
+			}
+		}
+		fs[a.f] = f
+		for v, eq := range eqs {
+			a.set(&c.ClassEqs[v], eq)
+		}
+	}
+
+	b := treeBuilder{entries: entries, fields: &fs, memo: map[string]uint32{}}
+	for _, group := range groups(entries) {
+		items := make([]item, len(group))
+		for i, r := range group {
+			items[i] = item{entry: int32(r), left: b.tests(r)}
+		}
+		c.Roots = append(c.Roots, b.node(normalize(items, entries)))
+	}
+	c.Tree = b.tree
+	return c
+}
+
+// groups splits the entries by the address fields they test, each group a
+// tree: entries testing the destination, those testing only the source, and
+// the rest. A group never copies the others' entries under its address eqs.
+// A policy small enough for one leaf is one group.
+func groups(entries []abi.Rule) [][]int {
+	var out [3][]int
+	for r, e := range entries {
+		g := 2
+		switch {
+		case len(entries) <= LeafMax:
+			g = 0
+		case e.Match&abi.MatchDst != 0:
+			g = 0
+		case e.Match&abi.MatchSrc != 0:
+			g = 1
+		}
+		out[g] = append(out[g], r)
+	}
+	return slices.DeleteFunc(out[:], func(g []int) bool { return len(g) == 0 })
+}
+
+// item is an entry on its way down a tree.
+type item struct {
+	entry int32
+	left  uint8 // the fields it tests that the path has not split on
+	unk   bool  // a field on the path is unknown to the frame: it can only might-match
+	vague bool  // an address field on the path was EQ_ANY
+}
+
+// normalize cuts a node's items after the first that matches every frame
+// reaching the node, and drops those that surely might-match after an
+// earlier one of the same kind of action: neither changes a verdict.
+func normalize(items []item, entries []abi.Rule) []item {
+	out := make([]item, 0, len(items))
+	var seen [2]bool
+	for _, it := range items {
+		sure := it.left == 0 && !it.vague
+		if sure && it.unk {
+			kind := entries[it.entry].Action != abi.ActionPass
+			if seen[b2i(kind)] {
+				continue
+			}
+			seen[b2i(kind)] = true
+		}
+		out = append(out, it)
+		if sure && !it.unk {
+			break
+		}
+	}
+	return out
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+type treeBuilder struct {
+	entries []abi.Rule
+	fields  *[abi.NumFields]field
+	tree    []uint32
+	memo    map[string]uint32 // a node's items -> its offset
+	counts  []int
+}
+
+// tests is the fields entry r tests, as bits.
+func (b *treeBuilder) tests(r int) uint8 {
+	var m uint8
+	for f := range b.fields {
+		if b.fields[f].cands[r] != nil {
+			m |= 1 << f
+		}
+	}
+	return m
+}
+
+// node returns the offset of the subtree for items, built once per distinct
+// list of items.
+func (b *treeBuilder) node(items []item) uint32 {
+	key := make([]byte, 0, len(items)*5)
+	for _, it := range items {
+		flags := it.left
+		key = binary.LittleEndian.AppendUint32(key, uint32(it.entry))
+		key = append(key, flags, byte(b2i(it.unk)|b2i(it.vague)<<1))
+	}
+	if o, ok := b.memo[string(key)]; ok {
+		return o
+	}
+	o := b.build(items)
+	b.memo[string(key)] = o
+	return o
+}
+
+func (b *treeBuilder) build(items []item) uint32 {
+	var pending uint8
+	for _, it := range items {
+		pending |= it.left
+	}
+	if len(items) <= LeafMax || pending == 0 || len(b.tree) > treeBudget {
+		return b.leaf(items)
+	}
+	f := b.choose(items, pending)
+	fd := &b.fields[f]
+	// The items that do not test f go under every eq; the others under
+	// the eqs of their candidates.
+	type at struct {
+		i  int // into items
+		st status
+	}
+	under := make([][]at, fd.n)
+	var everywhere []int
+	for i, it := range items {
+		if it.left&(1<<f) == 0 {
+			everywhere = append(everywhere, i)
+			continue
+		}
+		for _, c := range fd.cands[it.entry] {
+			under[c.eq] = append(under[c.eq], at{i, c.st})
+		}
+	}
+	o := uint32(len(b.tree))
+	b.tree = append(b.tree, uint32(f))
+	b.tree = append(b.tree, make([]uint32, fd.n)...)
+	for eq := range fd.n {
+		child := make([]item, 0, len(everywhere)+len(under[eq]))
+		for x, y := 0, 0; x < len(everywhere) || y < len(under[eq]); {
+			if y == len(under[eq]) || (x < len(everywhere) && everywhere[x] < under[eq][y].i) {
+				child = append(child, items[everywhere[x]])
+				x++
+				continue
+			}
+			it := items[under[eq][y].i]
+			st := under[eq][y].st
+			y++
+			it.left &^= 1 << f
+			switch st {
+			case stUnknown:
+				it.unk = true
+			case stVague:
+				it.vague = true
+			}
+			child = append(child, it)
+		}
+		b.tree[o+1+uint32(eq)] = b.node(normalize(child, b.entries))
+	}
+	return o
+}
+
+// choose picks the field to split items on: the one whose largest child is
+// smallest, then whose children hold the fewest items in all.
+func (b *treeBuilder) choose(items []item, pending uint8) int {
+	best, bestMax, bestSum := -1, 0, 0
+	for f := range b.fields {
+		if pending&(1<<f) == 0 {
+			continue
+		}
+		fd := &b.fields[f]
+		if cap(b.counts) < fd.n {
+			b.counts = make([]int, fd.n)
+		}
+		counts := b.counts[:fd.n]
+		clear(counts)
+		everywhere, sum := 0, 0
+		for _, it := range items {
+			if it.left&(1<<f) == 0 {
+				everywhere++
+				continue
+			}
+			for _, c := range fd.cands[it.entry] {
+				counts[c.eq]++
+				sum++
+			}
+		}
+		biggest := everywhere + slices.Max(counts)
+		sum += everywhere * fd.n
+		if best < 0 || biggest < bestMax || (biggest == bestMax && sum < bestSum) {
+			best, bestMax, bestSum = f, biggest, sum
+		}
+	}
+	return best
+}
+
+func (b *treeBuilder) leaf(items []item) uint32 {
+	o := uint32(len(b.tree))
+	b.tree = append(b.tree, abi.TreeLeaf|uint32(len(items)))
+	for _, it := range items {
+		b.tree = append(b.tree, uint32(it.entry))
+	}
+	return o
+}
