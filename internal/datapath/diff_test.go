@@ -46,7 +46,8 @@ func TestDifferential(t *testing.T) {
 			for ran < frames {
 				yaml := randomPolicy(rng)
 				l := load(t, kind, yaml)
-				ran += diffBatch(t, rng, l, min(perPolicy, frames-ran), yaml)
+				n, _ := diffBatch(t, rng, l, min(perPolicy, frames-ran), yaml)
+				ran += n
 				l.objs.Close()
 			}
 			t.Logf("%s: %d frames agreed", kind, ran)
@@ -54,11 +55,10 @@ func TestDifferential(t *testing.T) {
 	}
 }
 
-func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int {
+func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) (ran, deepest int) {
 	t.Helper()
 	slots := abi.SlotRule0 + len(l.pol.Rules)
 	want := make([]uint64, slots)
-	ran := 0
 	for ran < n {
 		frame := randomFrame(rng)
 		if !runnable(l.prog.Type(), frame) {
@@ -73,6 +73,7 @@ func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int 
 			t.Fatalf("disagreement on frame %x\npolicy:\n%s\ndata plane action %d, reference %+v", frame, yaml, got, v)
 		}
 		want[expectedSlot(v)]++
+		deepest = max(deepest, v.Rule)
 		ran++
 	}
 	got, err := l.objs.ReadCounters(slots)
@@ -92,7 +93,7 @@ func diffBatch(t *testing.T, rng *rand.Rand, l *loaded, n int, yaml string) int 
 			t.Fatalf("slot %d counted %d packets, reference %d\npolicy:\n%s", slot, n, want[slot], yaml)
 		}
 	}
-	return ran
+	return ran, deepest
 }
 
 // allowed tells whether the data plane's action fits the reference verdict:
@@ -141,8 +142,30 @@ func randomRange(rng *rand.Rand, lo, hi int) string {
 }
 
 func randomPolicy(rng *rand.Rand) string {
+	return randomPolicySized(rng, rng.IntN(12), 1+rng.IntN(6), nil)
+}
+
+// randomPolicySized writes a policy of n rules over nLists lists; inline
+// prefixes come from pool when it is not nil, so that a large policy stays
+// within the distinct lists and prefixes a policy may name.
+func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) string {
+	prefix := func() netip.Prefix {
+		if pool != nil {
+			return pool[rng.IntN(len(pool))]
+		}
+		return randomPrefix(rng)
+	}
+	ports := func() string {
+		if portSpread > 72 { // narrow: frames reach rules deep in the policy
+			a := rng.IntN(portSpread)
+			if rng.IntN(2) == 0 {
+				return strconv.Quote(strconv.Itoa(a))
+			}
+			return strconv.Quote(fmt.Sprintf("%d-%d", a, a+rng.IntN(20)))
+		}
+		return strconv.Quote(randomRange(rng, 0, 70))
+	}
 	var b strings.Builder
-	nLists := 1 + rng.IntN(6)
 	b.WriteString("lists:\n")
 	for i := 0; i < nLists; i++ {
 		var ps []string
@@ -152,7 +175,7 @@ func randomPolicy(rng *rand.Rand) string {
 		fmt.Fprintf(&b, "  l%d: {prefixes: [%s]}\n", i, strings.Join(ps, ", "))
 	}
 	b.WriteString("rules:\n")
-	for i := 0; i < rng.IntN(12); i++ {
+	for i := 0; i < n; i++ {
 		var f []string
 		f = append(f, fmt.Sprintf("name: r%d", i))
 		proto := ""
@@ -168,18 +191,18 @@ func randomPolicy(rng *rand.Rand) string {
 			case 0:
 				f = append(f, fmt.Sprintf("%s: l%d", side, rng.IntN(nLists)))
 			case 1:
-				f = append(f, fmt.Sprintf("%s: [l%d, %q]", side, rng.IntN(nLists), randomPrefix(rng)))
+				f = append(f, fmt.Sprintf("%s: [l%d, %q]", side, rng.IntN(nLists), prefix()))
 			}
 		}
 		if proto == "tcp" || proto == "udp" || proto == "" {
 			if rng.IntN(3) == 0 {
-				f = append(f, "sport: "+strconv.Quote(randomRange(rng, 0, 70)))
+				f = append(f, "sport: "+ports())
 			}
-			switch rng.IntN(6) {
-			case 0, 1:
-				f = append(f, "dport: "+strconv.Quote(randomRange(rng, 0, 70)))
-			case 2:
-				f = append(f, fmt.Sprintf("dport: [%q, %q]", randomRange(rng, 0, 70), randomRange(rng, 0, 70)))
+			switch n := rng.IntN(6); {
+			case n <= 1 || portSpread > 72 && n != 2:
+				f = append(f, "dport: "+ports())
+			case n == 2:
+				f = append(f, fmt.Sprintf("dport: [%s, %s]", ports(), ports()))
 			}
 		}
 		if (proto == "tcp" || proto == "") && rng.IntN(3) == 0 {
@@ -210,6 +233,41 @@ func randomPolicy(rng *rand.Rand) string {
 	return b.String()
 }
 
+// TestDifferentialLarge is TestDifferential's check under policies of up
+// to 10,000 rules over many lists and prefixes: the classifier's trees, with
+// their groups, splits and cut leaves, against policy.Eval rule by rule.
+// RAMPART_DIFF_FRAMES/10 frames per size (default 20,000).
+func TestDifferentialLarge(t *testing.T) {
+	testutil.Privileged(t)
+	frames := 20_000
+	if s := os.Getenv("RAMPART_DIFF_FRAMES"); s != "" {
+		n, _ := strconv.Atoi(s)
+		frames = max(1000, n/10)
+	}
+	rng := rand.New(rand.NewPCG(7, 24))
+	var pool []netip.Prefix
+	for len(pool) < 20 {
+		pool = append(pool, randomPrefix(rng))
+	}
+	for _, c := range []struct{ rules, spread int }{{50, 72}, {500, 72}, {3000, 3000}, {10_000, 10_000}} {
+		t.Run(strconv.Itoa(c.rules), func(t *testing.T) {
+			portSpread = c.spread
+			defer func() { portSpread = 72 }()
+			yaml := randomPolicySized(rng, c.rules, 40, pool)
+			l := load(t, datapath.KindXDP, yaml)
+			defer l.objs.Close()
+			_, deepest := diffBatch(t, rng, l, frames, fmt.Sprintf("(%d random rules)", c.rules))
+			t.Logf("%d rules: %d frames agreed; the deepest rule a frame matched: %d", c.rules, frames, deepest)
+			if c.rules >= 3000 && deepest < c.rules/2 {
+				t.Errorf("no frame matched past rule %d of %d: the test does not reach deep rules", deepest, c.rules)
+			}
+		})
+	}
+}
+
+// portSpread is the ports random frames and rules use.
+var portSpread = 72
+
 func randomFrame(rng *rand.Rand) []byte {
 	if rng.IntN(50) == 0 { // pure noise
 		b := make([]byte, 14+rng.IntN(120))
@@ -222,8 +280,8 @@ func randomFrame(rng *rand.Rand) []byte {
 	f := packet.Frame{
 		Src: randomAddr(rng, v6), Dst: randomAddr(rng, v6),
 		Proto:    []uint8{6, 17, 1, 58, 47, 6, 17}[rng.IntN(7)],
-		Sport:    uint16(rng.IntN(72)),
-		Dport:    uint16(rng.IntN(72)),
+		Sport:    uint16(rng.IntN(portSpread)),
+		Dport:    uint16(rng.IntN(portSpread)),
 		TCPFlags: uint8(rng.UintN(256)),
 		Payload:  rng.IntN(160),
 	}
