@@ -106,6 +106,19 @@ enum field_base {
 	FIELD_VALUES = BASE_LENGTH + 65537,
 };
 
+/* What a policy sets before load: one read-only global (cfg in filter.c),
+ * filled from Go as abi.Config. */
+struct config {
+	__u64 flood_key[2];          /* SipHash key, random for every load */
+	__u32 tree_roots[MAX_TREES]; /* the classifier's trees in tree */
+	__u32 limit_buckets;         /* limit_sources' buckets, a power of two */
+	__u8 default_action;
+	__u8 unparsed_action;  /* for a frame whose verdict hangs on fields it lacks */
+	__u8 malformed_action; /* for a malformed frame: what every rule and the
+				* default agree on, else unparsed_action */
+	__u8 need_l4;          /* some rule looks at the protocol, ports or flags */
+};
+
 /* An address class's eqs as a source and as a destination. An address whose
  * lists the overlay changed takes the eqs of its new mask (mask_eqs), or
  * EQ_ANY: every rule stays a candidate and the leaf decides. */

@@ -8,24 +8,15 @@
 
 char __license[] SEC("license") = "GPL";
 
-/* Set from Go through CollectionSpec.Variables before load. */
-volatile const __u8 default_action = ACTION_PASS;
-/* For a frame whose verdict hangs on fields it does not carry. */
-volatile const __u8 unparsed_action = ACTION_DROP;
-/* For a malformed frame: the verdict every rule and the default agree on,
- * else unparsed_action (the compiler works it out). */
-volatile const __u8 malformed_action = ACTION_DROP;
-/* Not const, so never dead code to the verifier: when it removes a whole
- * bpf_loop callback or subprog as dead (the IPv6 walk's with no lookups,
- * the SYN cookie code's with no rules), kernels up to 6.18 at least can
- * misplace the next subprog's start and fail the load ("verifier bug: No
- * program to jit"). The branch costs one cached load. */
+/* Set from Go before load, beside cfg (flood.h). Not const, so never dead
+ * code to the verifier: when it removes a whole bpf_loop callback or
+ * subprog as dead (the IPv6 walk's with no lookups, the SYN cookie code's
+ * with no rules, the tree walk's with no rules), kernels up to 6.18 at least
+ * can misplace the next subprog's start and fail the load ("verifier bug:
+ * No program to jit"). The branch costs one cached load. */
 volatile __u8 need_src_lookup = 0;
 volatile __u8 need_dst_lookup = 0;
-volatile const __u8 need_l4 = 0; /* some rule looks at the protocol, ports or flags */
-/* The classifier's trees (bpf/common.h): their roots in tree. */
 volatile __u32 num_trees = 0;
-volatile const __u32 tree_roots[MAX_TREES];
 
 /* The rule entries, in policy order; max_entries of these tables is set to
  * their contents before load. */
@@ -203,7 +194,9 @@ static long scan_one(__u32 i, void *arg)
 	return 0;
 }
 
-/* bpf_loop callback: one step down a tree; at the leaf, its scan. */
+/* bpf_loop callback: one step down a tree, until m->node is a leaf. (The
+ * leaf is scanned by the caller: a bpf_loop nested in another's callback
+ * adds a frame to the stack Linux 6.1 allows.) */
 static long walk_one(__u32 i, void *arg)
 {
 	struct match_ctx *m = arg;
@@ -211,10 +204,8 @@ static long walk_one(__u32 i, void *arg)
 	if (!node)
 		return 1;
 	__u32 f = *node;
-	if (f & TREE_LEAF) {
-		bpf_loop(f & ~TREE_LEAF, scan_one, m, 0);
+	if (f & TREE_LEAF)
 		return 1;
-	}
 	__u32 at = m->node + 1 + field_eq(f, m);
 	__u32 *child = word(&tree, at);
 	if (!child)
@@ -236,23 +227,31 @@ static __always_inline void address_eq(const __u8 *addr, int dst, struct match_c
 	*eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
 }
 
-/* Finds the first matching rule entry of a parsed frame (m->first), and the
- * first that might have matched by kind of action (m->unknown). */
-static __always_inline void classify(struct pkt *p, struct match_ctx *m)
+/* The first rule entry a parsed frame matches (NO_ENTRY: none), and in
+ * *maybe the kinds of action of earlier entries that might have matched had
+ * it carried the fields they need: bit 0 would have passed it, bit 1 kept it
+ * from the stack (drop, or maybe: limit, syncookie). Not inlined: its state
+ * lives in its own frame, not beside write_synack's, within the 512 bytes
+ * of stack Linux 6.1 allows a chain of calls. */
+static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
 {
-	m->p = p;
-	m->first = m->unknown[0] = m->unknown[1] = NO_ENTRY;
-	m->src_eq = m->dst_eq = EQ_ANY;
+	struct match_ctx m = {.p = p, .src_eq = EQ_ANY, .dst_eq = EQ_ANY};
+	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
 	if (need_src_lookup)
-		address_eq(p->saddr, 0, m);
+		address_eq(p->saddr, 0, &m);
 	if (need_dst_lookup)
-		address_eq(p->daddr, 1, m);
+		address_eq(p->daddr, 1, &m);
 	for (__u32 t = 0; t < MAX_TREES; t++) {
 		if (t >= num_trees)
 			break;
-		m->node = tree_roots[t];
-		bpf_loop(TREE_DEPTH, walk_one, m, 0);
+		m.node = cfg.tree_roots[t];
+		bpf_loop(TREE_DEPTH, walk_one, &m, 0);
+		__u32 *leaf = word(&tree, m.node);
+		if (leaf && (*leaf & TREE_LEAF))
+			bpf_loop(*leaf & ~TREE_LEAF, scan_one, &m, 0);
 	}
+	*maybe = (m.unknown[0] < m.first) | (m.unknown[1] < m.first) << 1;
+	return m.first;
 }
 
 static __always_inline void count(__u32 slot, __u64 bytes)
@@ -284,29 +283,25 @@ static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p, __u32 
 	}
 	if (parsed != PARSE_OK) {
 		count(SLOT_MALFORMED, bytes);
-		return malformed_action;
+		return cfg.malformed_action;
 	}
 
-	struct match_ctx m = {};
-	classify(p, &m);
+	__u32 maybe = 0;
+	__u32 first = classify(p, &maybe);
 
-	__u8 act = default_action;
+	__u8 act = cfg.default_action;
 	__u32 slot = SLOT_DEFAULT;
-	if (m.first != NO_ENTRY) {
-		struct rule *r = bpf_map_lookup_elem(&rules, &m.first);
+	if (first != NO_ENTRY) {
+		struct rule *r = bpf_map_lookup_elem(&rules, &first);
 		if (!r)
 			return VERDICT_PASS;
 		act = r->action;
 		*rule = r->rule;
 		slot = SLOT_RULE0 + r->rule;
 	}
-	/* Bit 0: an earlier entry that might have matched would have passed
-	 * the frame; bit 1: kept it from the stack (drop, or maybe: limit,
-	 * syncookie). */
-	__u32 maybe = (m.unknown[0] < m.first) | (m.unknown[1] < m.first) << 1;
 	if (maybe & ~(1 << (act != ACTION_PASS))) {
 		count(SLOT_UNPARSED, bytes);
-		return unparsed_action;
+		return cfg.unparsed_action;
 	}
 	switch (act) {
 	case ACTION_LIMIT:
@@ -329,7 +324,7 @@ int rampart_xdp(struct xdp_md *ctx)
 {
 	struct pkt p = {};
 	__u32 rule = 0;
-	int parsed = parse_xdp(ctx, &p, need_l4);
+	int parsed = parse_xdp(ctx, &p, cfg.need_l4);
 	__u32 bytes = ctx->data_end - ctx->data;
 	switch (decide(bytes, parsed, &p, &rule)) {
 	case VERDICT_DROP:
@@ -358,6 +353,7 @@ struct abi_enums {
 	enum rule_event i;
 	enum field j;
 	enum field_base k;
+	struct config l;
 };
 
 __attribute__((noinline)) int abi_enums(struct abi_enums *e)
@@ -374,7 +370,7 @@ int rampart_tc(struct __sk_buff *skb)
 {
 	struct pkt p = {};
 	__u32 rule = 0;
-	int parsed = parse_skb(skb, &p, need_l4);
+	int parsed = parse_skb(skb, &p, cfg.need_l4);
 	switch (decide(skb->len, parsed, &p, &rule)) {
 	case VERDICT_DROP:
 		return TCX_DROP;
@@ -395,9 +391,9 @@ int rampart_tc_cookie(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
-	struct match_ctx m = {};
-	classify(&p, &m);
-	struct rule *r = bpf_map_lookup_elem(&rules, &m.first);
+	__u32 maybe = 0;
+	__u32 first = classify(&p, &maybe);
+	struct rule *r = bpf_map_lookup_elem(&rules, &first);
 	if (!r || r->action != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
 	return cookie_ack(skb, &p, r->rule) ? TCX_NEXT : TCX_DROP;

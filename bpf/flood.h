@@ -8,11 +8,10 @@
 #include "parse.h"
 #include "lists.h" /* TABLE */
 
-/* SipHash key, random for every load: table slots and cookies cannot be
- * aimed at by whoever does not know it. */
-volatile const __u64 flood_key[2];
-volatile const __u32 limit_buckets = 1; /* limit_sources' buckets, a power of two */
-volatile const __u8 cookie_wscale = 7;  /* the window scale SYN-ACKs offer */
+/* The policy's settings (bpf/common.h). The SipHash key is random for every
+ * load: table slots and cookies cannot be aimed at by whoever lacks it. */
+volatile const struct config cfg = {.limit_buckets = 1};
+volatile const __u8 cookie_wscale = 7; /* the window scale SYN-ACKs offer */
 
 /* The limit rules' rates, by rule; these per-rule maps' max_entries are set
  * to the policy's rules before load. */
@@ -55,11 +54,11 @@ struct {
 		v3 ^= (m); SIPROUND; SIPROUND; v0 ^= (m);                       \
 	} while (0)
 
-/* SipHash-2-4 of six 64-bit words under flood_key, d0 separating uses. */
+/* SipHash-2-4 of six 64-bit words under cfg.flood_key, d0 separating uses. */
 static __always_inline __u64 siphash6(__u64 d0, __u64 a, __u64 b, __u64 c, __u64 d, __u64 e)
 {
-	__u64 v0 = flood_key[0] ^ 0x736f6d6570736575ULL, v1 = flood_key[1] ^ 0x646f72616e646f6dULL;
-	__u64 v2 = flood_key[0] ^ 0x6c7967656e657261ULL, v3 = flood_key[1] ^ 0x7465646279746573ULL;
+	__u64 v0 = cfg.flood_key[0] ^ 0x736f6d6570736575ULL, v1 = cfg.flood_key[1] ^ 0x646f72616e646f6dULL;
+	__u64 v2 = cfg.flood_key[0] ^ 0x6c7967656e657261ULL, v3 = cfg.flood_key[1] ^ 0x7465646279746573ULL;
 	SIPWORD(d0);
 	SIPWORD(a);
 	SIPWORD(b);
@@ -78,8 +77,8 @@ static __always_inline __u64 siphash6(__u64 d0, __u64 a, __u64 b, __u64 c, __u64
  * every packet of a flood. Cookies keep SipHash-2-4. */
 static __always_inline __u64 siphash13_3(__u64 a, __u64 b, __u64 c)
 {
-	__u64 v0 = flood_key[0] ^ 0x736f6d6570736575ULL, v1 = flood_key[1] ^ 0x646f72616e646f6dULL;
-	__u64 v2 = flood_key[0] ^ 0x6c7967656e657261ULL, v3 = flood_key[1] ^ 0x7465646279746573ULL;
+	__u64 v0 = cfg.flood_key[0] ^ 0x736f6d6570736575ULL, v1 = cfg.flood_key[1] ^ 0x646f72616e646f6dULL;
+	__u64 v2 = cfg.flood_key[0] ^ 0x6c7967656e657261ULL, v3 = cfg.flood_key[1] ^ 0x7465646279746573ULL;
 	v3 ^= a; SIPROUND; v0 ^= a;
 	v3 ^= b; SIPROUND; v0 ^= b;
 	v3 ^= c; SIPROUND; v0 ^= c;
@@ -158,7 +157,7 @@ static __always_inline int limit_source(__u32 rule, const struct limit *l, const
 		}
 	}
 	__u64 h = siphash13_3((__u64)rule << 8 | p->family, hi, lo);
-	__u32 b = (h >> 32) & (limit_buckets - 1);
+	__u32 b = (h >> 32) & (cfg.limit_buckets - 1);
 	struct limit_bucket *bk = bpf_map_lookup_elem(&limit_sources, &b);
 	if (!bk)
 		return 1;

@@ -166,6 +166,19 @@ type ClassEqs struct {
 	Dst uint32
 }
 
+// Config is struct config.
+type Config struct {
+	_               structs.HostLayout
+	FloodKey        [2]uint64
+	TreeRoots       [3]uint32
+	LimitBuckets    uint32
+	DefaultAction   uint8
+	UnparsedAction  uint8
+	MalformedAction uint8
+	NeedL4          uint8
+	_               [4]byte
+}
+
 // enum limits
 const (
 	MaxRules     = 131072

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/bench"
 	"github.com/rampart-fw/rampart/internal/lab"
+	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 func benchCmd(g *globals) *cobra.Command {
@@ -26,11 +27,12 @@ func benchCmd(g *globals) *cobra.Command {
 func benchRulesCmd(g *globals) *cobra.Command {
 	var (
 		families     string
+		counts       string
 		repeat, runs int
 	)
 	c := &cobra.Command{
-		Use:   "rules [--family 4,6] [--repeat N] [--runs N]",
-		Short: "Per-packet cost of a limit rule against a plain drop rule",
+		Use:   "rules [--rules 10,256,10000] [--family 4,6] [--repeat N] [--runs N]",
+		Short: "Per-packet cost of rule kinds, or of policies of many rules",
 		Long: `rules loads rampart's XDP program with one-rule policies that each drop
 the benchmark's UDP frame: a plain drop, a per-rule limit and a per-source
 limit the frame is far over, and runs the frame through each with
@@ -39,8 +41,15 @@ packet and the ratio to the drop rule's.
 
 The frame has one source, so a per-source limit's schedule stays in the
 cache here; what many sources cost besides (a table slot out of cache per
-source) shows in rampart lab flood's sources flood.`,
-		Example: "  rampart bench rules --family 4",
+source) shows in rampart lab flood's sources flood.
+
+With --rules, it loads instead one policy of each size, rules as a feed
+sends them (each a source list of 32, UDP, its own destination port), and
+runs two frames through each: one no rule matches, one only the last rule
+matches. It reports ns per packet, the ratio to the smallest policy's for
+the same frame, the time to compile and load each policy and its kernel
+bytes.`,
+		Example: "  rampart bench rules --family 4\n  rampart bench rules --rules 10,256,10000,100000 --family 4",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fams, err := intList(families, "--family")
@@ -58,6 +67,18 @@ source) shows in rampart lab flood's sources flood.`,
 			var progress func(string)
 			if g.interactive() {
 				progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
+			}
+			if counts != "" {
+				ns, err := intList(counts, "--rules")
+				if err != nil {
+					return err
+				}
+				for _, n := range ns {
+					if n < 1 || n > policy.MaxRules {
+						return fmt.Errorf("--rules %d: each size must be 1 to %d", n, policy.MaxRules)
+					}
+				}
+				return benchScale(g, ns, fams, repeat, runs, progress)
 			}
 			res, err := bench.Rules(fams, repeat, runs, progress)
 			if progress != nil {
@@ -81,9 +102,32 @@ source) shows in rampart lab flood's sources flood.`,
 	}
 	f := c.Flags()
 	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
+	f.StringVar(&counts, "rules", "", "policy sizes to compare, e.g. 10,256,10000")
 	f.IntVar(&repeat, "repeat", 1_000_000, "packets per run")
 	f.IntVar(&runs, "runs", 5, "runs per measurement (the median is reported)")
 	return c
+}
+
+func benchScale(g *globals, counts, fams []int, repeat, runs int, progress func(string)) error {
+	res, err := bench.Scale(counts, fams, repeat, runs, progress)
+	if progress != nil {
+		fmt.Fprint(g.env.Stderr, "\r\033[K")
+	}
+	if err != nil {
+		return fmt.Errorf("bench rules: %w (it needs root for BPF_PROG_TEST_RUN)", err)
+	}
+	if g.json {
+		return g.printJSON(map[string]any{"repeat": repeat, "runs": runs, "results": res})
+	}
+	rows := [][]string{{"FAMILY", "RULES", "FRAME", "NS/PKT", "MIN-MAX", "x FEWEST", "LOAD", "KERNEL"}}
+	for _, r := range res {
+		rows = append(rows, []string{fmt.Sprintf("IPv%d", r.Family), strconv.Itoa(r.Rules), r.Frame, fmt.Sprintf("%.1f", r.NsPerPacket),
+			fmt.Sprintf("%.1f-%.1f", r.NsMin, r.NsMax), fmt.Sprintf("%.2f", r.VsFewest), fmt.Sprintf("%.2fs", r.LoadSeconds),
+			fmt.Sprintf("%.1f MiB", float64(r.KernelBytes)/(1<<20))})
+	}
+	g.table(rows)
+	fmt.Fprintf(g.env.Stdout, "ns/pkt: median of %d runs of %d packets; x fewest: against the smallest policy, same frame, same run.\n", runs, repeat)
+	return nil
 }
 
 func benchLookupCmd(g *globals) *cobra.Command {

@@ -41,17 +41,11 @@ const (
 	filterProgRampartTc       = "rampart_tc"
 	filterProgRampartTcCookie = "rampart_tc_cookie"
 	filterProgRampartXdp      = "rampart_xdp"
+	filterVarCfg              = "cfg"
 	filterVarCookieWscale     = "cookie_wscale"
-	filterVarDefaultAction    = "default_action"
-	filterVarFloodKey         = "flood_key"
-	filterVarLimitBuckets     = "limit_buckets"
-	filterVarMalformedAction  = "malformed_action"
 	filterVarNeedDstLookup    = "need_dst_lookup"
-	filterVarNeedL4           = "need_l4"
 	filterVarNeedSrcLookup    = "need_src_lookup"
 	filterVarNumTrees         = "num_trees"
-	filterVarTreeRoots        = "tree_roots"
-	filterVarUnparsedAction   = "unparsed_action"
 	filterVarV4BlockMul       = "v4_block_mul"
 	filterVarV4Buckets        = "v4_buckets"
 	filterVarV4WideBuckets    = "v4_wide_buckets"
@@ -144,28 +138,22 @@ type filterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterVariableSpecs struct {
-	CookieWscale    *ebpf.VariableSpec `ebpf:"cookie_wscale"`
-	DefaultAction   *ebpf.VariableSpec `ebpf:"default_action"`
-	FloodKey        *ebpf.VariableSpec `ebpf:"flood_key"`
-	LimitBuckets    *ebpf.VariableSpec `ebpf:"limit_buckets"`
-	MalformedAction *ebpf.VariableSpec `ebpf:"malformed_action"`
-	NeedDstLookup   *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
-	NeedL4          *ebpf.VariableSpec `ebpf:"need_l4"`
-	NeedSrcLookup   *ebpf.VariableSpec `ebpf:"need_src_lookup"`
-	NumTrees        *ebpf.VariableSpec `ebpf:"num_trees"`
-	TreeRoots       *ebpf.VariableSpec `ebpf:"tree_roots"`
-	UnparsedAction  *ebpf.VariableSpec `ebpf:"unparsed_action"`
-	V4BlockMul      *ebpf.VariableSpec `ebpf:"v4_block_mul"`
-	V4Buckets       *ebpf.VariableSpec `ebpf:"v4_buckets"`
-	V4WideBuckets   *ebpf.VariableSpec `ebpf:"v4_wide_buckets"`
-	V4WideMul       *ebpf.VariableSpec `ebpf:"v4_wide_mul"`
-	V6BlockMul      *ebpf.VariableSpec `ebpf:"v6_block_mul"`
-	V6Buckets       *ebpf.VariableSpec `ebpf:"v6_buckets"`
-	V6HotLen        *ebpf.VariableSpec `ebpf:"v6_hot_len"`
-	V6LongBuckets   *ebpf.VariableSpec `ebpf:"v6_long_buckets"`
-	V6LongMul       *ebpf.VariableSpec `ebpf:"v6_long_mul"`
-	V6ShortBuckets  *ebpf.VariableSpec `ebpf:"v6_short_buckets"`
-	V6ShortMul      *ebpf.VariableSpec `ebpf:"v6_short_mul"`
+	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
+	CookieWscale   *ebpf.VariableSpec `ebpf:"cookie_wscale"`
+	NeedDstLookup  *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
+	NeedSrcLookup  *ebpf.VariableSpec `ebpf:"need_src_lookup"`
+	NumTrees       *ebpf.VariableSpec `ebpf:"num_trees"`
+	V4BlockMul     *ebpf.VariableSpec `ebpf:"v4_block_mul"`
+	V4Buckets      *ebpf.VariableSpec `ebpf:"v4_buckets"`
+	V4WideBuckets  *ebpf.VariableSpec `ebpf:"v4_wide_buckets"`
+	V4WideMul      *ebpf.VariableSpec `ebpf:"v4_wide_mul"`
+	V6BlockMul     *ebpf.VariableSpec `ebpf:"v6_block_mul"`
+	V6Buckets      *ebpf.VariableSpec `ebpf:"v6_buckets"`
+	V6HotLen       *ebpf.VariableSpec `ebpf:"v6_hot_len"`
+	V6LongBuckets  *ebpf.VariableSpec `ebpf:"v6_long_buckets"`
+	V6LongMul      *ebpf.VariableSpec `ebpf:"v6_long_mul"`
+	V6ShortBuckets *ebpf.VariableSpec `ebpf:"v6_short_buckets"`
+	V6ShortMul     *ebpf.VariableSpec `ebpf:"v6_short_mul"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -243,28 +231,22 @@ func (m *filterMaps) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterVariables struct {
-	CookieWscale    *ebpf.Variable `ebpf:"cookie_wscale"`
-	DefaultAction   *ebpf.Variable `ebpf:"default_action"`
-	FloodKey        *ebpf.Variable `ebpf:"flood_key"`
-	LimitBuckets    *ebpf.Variable `ebpf:"limit_buckets"`
-	MalformedAction *ebpf.Variable `ebpf:"malformed_action"`
-	NeedDstLookup   *ebpf.Variable `ebpf:"need_dst_lookup"`
-	NeedL4          *ebpf.Variable `ebpf:"need_l4"`
-	NeedSrcLookup   *ebpf.Variable `ebpf:"need_src_lookup"`
-	NumTrees        *ebpf.Variable `ebpf:"num_trees"`
-	TreeRoots       *ebpf.Variable `ebpf:"tree_roots"`
-	UnparsedAction  *ebpf.Variable `ebpf:"unparsed_action"`
-	V4BlockMul      *ebpf.Variable `ebpf:"v4_block_mul"`
-	V4Buckets       *ebpf.Variable `ebpf:"v4_buckets"`
-	V4WideBuckets   *ebpf.Variable `ebpf:"v4_wide_buckets"`
-	V4WideMul       *ebpf.Variable `ebpf:"v4_wide_mul"`
-	V6BlockMul      *ebpf.Variable `ebpf:"v6_block_mul"`
-	V6Buckets       *ebpf.Variable `ebpf:"v6_buckets"`
-	V6HotLen        *ebpf.Variable `ebpf:"v6_hot_len"`
-	V6LongBuckets   *ebpf.Variable `ebpf:"v6_long_buckets"`
-	V6LongMul       *ebpf.Variable `ebpf:"v6_long_mul"`
-	V6ShortBuckets  *ebpf.Variable `ebpf:"v6_short_buckets"`
-	V6ShortMul      *ebpf.Variable `ebpf:"v6_short_mul"`
+	Cfg            *ebpf.Variable `ebpf:"cfg"`
+	CookieWscale   *ebpf.Variable `ebpf:"cookie_wscale"`
+	NeedDstLookup  *ebpf.Variable `ebpf:"need_dst_lookup"`
+	NeedSrcLookup  *ebpf.Variable `ebpf:"need_src_lookup"`
+	NumTrees       *ebpf.Variable `ebpf:"num_trees"`
+	V4BlockMul     *ebpf.Variable `ebpf:"v4_block_mul"`
+	V4Buckets      *ebpf.Variable `ebpf:"v4_buckets"`
+	V4WideBuckets  *ebpf.Variable `ebpf:"v4_wide_buckets"`
+	V4WideMul      *ebpf.Variable `ebpf:"v4_wide_mul"`
+	V6BlockMul     *ebpf.Variable `ebpf:"v6_block_mul"`
+	V6Buckets      *ebpf.Variable `ebpf:"v6_buckets"`
+	V6HotLen       *ebpf.Variable `ebpf:"v6_hot_len"`
+	V6LongBuckets  *ebpf.Variable `ebpf:"v6_long_buckets"`
+	V6LongMul      *ebpf.Variable `ebpf:"v6_long_mul"`
+	V6ShortBuckets *ebpf.Variable `ebpf:"v6_short_buckets"`
+	V6ShortMul     *ebpf.Variable `ebpf:"v6_short_mul"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

@@ -71,23 +71,18 @@ func Load(img *compile.Image) (*Objects, error) {
 	if err := binary.Read(rand.Reader, binary.LittleEndian, &key); err != nil {
 		return nil, fmt.Errorf("a key for the flood tables: %w", err)
 	}
-	var roots [abi.MaxTrees]uint32
-	copy(roots[:], img.Roots)
+	cfg := abi.Config{FloodKey: key, LimitBuckets: uint32(limitBuckets(img)), DefaultAction: img.DefaultAction,
+		UnparsedAction: img.UnparsedAction, MalformedAction: img.MalformedAction, NeedL4: b2u8(img.NeedL4)}
+	copy(cfg.TreeRoots[:], img.Roots)
 	v := &specs.filterVariableSpecs
 	for _, set := range []struct {
 		spec  *ebpf.VariableSpec
 		value any
 	}{
+		{v.Cfg, cfg},
 		{v.NumTrees, uint32(len(img.Roots))},
-		{v.TreeRoots, roots},
-		{v.DefaultAction, img.DefaultAction},
-		{v.UnparsedAction, img.UnparsedAction},
-		{v.MalformedAction, img.MalformedAction},
 		{v.NeedSrcLookup, img.NeedSrc},
 		{v.NeedDstLookup, img.NeedDst},
-		{v.NeedL4, img.NeedL4},
-		{v.FloodKey, key},
-		{v.LimitBuckets, uint32(limitBuckets(img))},
 	} {
 		if err := set.spec.Set(set.value); err != nil {
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
@@ -139,6 +134,13 @@ func (o *Objects) fill(img *compile.Image) error {
 		return fmt.Errorf("fill the prefix-list tables: %w", err)
 	}
 	return o.addMaskEqs(img.OverlayV4, img.OverlayV6)
+}
+
+func b2u8(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // LimitSourceBuckets is the per-source limit table's size: 2^16 buckets of

@@ -42,6 +42,7 @@ var structs = []struct{ c, goName string }{
 	{"limit_bucket", "LimitBucket"},
 	{"rule_events", "RuleEvents"},
 	{"class_eqs", "ClassEqs"},
+	{"config", "Config"},
 }
 
 // The enums whose values become untyped constants.
