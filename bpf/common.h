@@ -69,9 +69,11 @@ struct rule {
  * a rule without a destination is not copied under every destination; a
  * frame walks every tree (at most MAX_TREES) and the lowest entry wins.
  *
- * The trees live in one u32 array. A node at offset o: tree[o] is its field,
- * tree[o + 1 + eq] the offset of the child for that eq. A leaf: tree[o] is
- * TREE_LEAF | n, the n entry indices follow. */
+ * The trees live in one u32 array, reached through refs: a ref's top bits
+ * are the kind of what it points to (a field, or TREE_LEAF), the rest its
+ * offset o. A node of field f: tree[o + eq] is the ref of the child for the
+ * frame's eq of f, so a level costs one read of the tree. A leaf: tree[o]
+ * is n, the n entry indices follow. */
 enum field {
 	FIELD_FAMILY = 0, /* 0: IPv4, 1: IPv6 */
 	FIELD_SRC = 1,    /* the source address's class (class_eqs) */
@@ -90,7 +92,9 @@ enum field {
 	VALUE_UNKNOWN_FLAGS = 257,
 	VALUE_LONG = 65536, /* an L3 length past 65535 */
 	EQ_ANY = 0, /* a source or destination eq under which every rule stays */
-	TREE_LEAF = 1u << 31,
+	TREE_LEAF = NUM_FIELDS,   /* the kind of a leaf's ref */
+	TREE_KIND_SHIFT = 28,     /* a ref: kind << TREE_KIND_SHIFT | offset */
+	TREE_OFFSET_MASK = (1 << 28) - 1,
 	MAX_TREES = 3,
 	TREE_DEPTH = NUM_FIELDS + 1, /* a path tests each field once at most */
 };
@@ -110,7 +114,7 @@ enum field_base {
  * filled from Go as abi.Config. */
 struct config {
 	__u64 flood_key[2];          /* SipHash key, random for every load */
-	__u32 tree_roots[MAX_TREES]; /* the classifier's trees in tree */
+	__u32 tree_roots[MAX_TREES]; /* the refs of the classifier's trees */
 	__u32 limit_buckets;         /* limit_sources' buckets, a power of two */
 	__u8 default_action;
 	__u8 unparsed_action;  /* for a frame whose verdict hangs on fields it lacks */

@@ -169,12 +169,14 @@ static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
 	return eq ? *eq : 0;
 }
 
-/* bpf_loop callback: one entry of a leaf, in policy order. */
-static long scan_one(__u32 i, void *arg)
+/* Entry i of the leaf at m->node, in policy order; 1 when the scan is over.
+ * The first entry and the first level below are taken inline, the rest in
+ * bpf_loop callbacks: a static function both called and passed to bpf_loop
+ * makes the kernel's JIT fail when the verifier removes it as dead code
+ * ("No program to jit", seen on 6.18), so each step has an inline body. */
+static __always_inline long scan_entry(struct match_ctx *m, __u32 i)
 {
-	struct match_ctx *m = arg;
-	__u32 at = m->node + 1 + i;
-	__u32 *e = word(&tree, at);
+	__u32 *e = word(&tree, m->node + 1 + i);
 	if (!e || *e >= m->first)
 		return 1; /* an earlier entry of another tree matched */
 	__u32 entry = *e;
@@ -194,24 +196,31 @@ static long scan_one(__u32 i, void *arg)
 	return 0;
 }
 
-/* bpf_loop callback: one step down a tree, until m->node is a leaf. (The
- * leaf is scanned by the caller: a bpf_loop nested in another's callback
- * adds a frame to the stack Linux 6.1 allows.) */
-static long walk_one(__u32 i, void *arg)
+static long scan_rest(__u32 i, void *arg)
 {
-	struct match_ctx *m = arg;
-	__u32 *node = word(&tree, m->node);
-	if (!node)
+	return scan_entry(arg, i + 1);
+}
+
+/* One step down a tree, until m->node is a leaf's ref; 1 when there. */
+static __always_inline long walk_step(struct match_ctx *m)
+{
+	__u32 kind = m->node >> TREE_KIND_SHIFT;
+	if (kind >= NUM_FIELDS)
 		return 1;
-	__u32 f = *node;
-	if (f & TREE_LEAF)
+	__u32 *child = word(&tree, (m->node & TREE_OFFSET_MASK) + field_eq(kind, m));
+	if (!child) {
+		m->node = 0; /* cannot be: the field's node, never a leaf */
 		return 1;
-	__u32 at = m->node + 1 + field_eq(f, m);
-	__u32 *child = word(&tree, at);
-	if (!child)
-		return 1;
+	}
 	m->node = *child;
 	return 0;
+}
+
+/* (The leaf is scanned by the caller, not from this callback: a bpf_loop
+ * nested in another's callback adds a frame to the stack Linux 6.1 allows.) */
+static long walk_rest(__u32 i, void *arg)
+{
+	return walk_step(arg);
 }
 
 /* An address's mask and its eq as a source (dst 0) or destination. */
@@ -245,10 +254,14 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
 		if (t >= num_trees)
 			break;
 		m.node = cfg.tree_roots[t];
-		bpf_loop(TREE_DEPTH, walk_one, &m, 0);
-		__u32 *leaf = word(&tree, m.node);
-		if (leaf && (*leaf & TREE_LEAF))
-			bpf_loop(*leaf & ~TREE_LEAF, scan_one, &m, 0);
+		if (!walk_step(&m))
+			bpf_loop(TREE_DEPTH - 1, walk_rest, &m, 0);
+		if (m.node >> TREE_KIND_SHIFT != TREE_LEAF)
+			continue;
+		m.node &= TREE_OFFSET_MASK;
+		__u32 *n = word(&tree, m.node);
+		if (n && *n && !scan_entry(&m, 0))
+			bpf_loop(*n - 1, scan_rest, &m, 0);
 	}
 	*maybe = (m.unknown[0] < m.first) | (m.unknown[1] < m.first) << 1;
 	return m.first;

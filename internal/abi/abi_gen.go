@@ -281,7 +281,9 @@ const (
 	ValueUnknownFlags = 257
 	ValueLong         = 65536
 	EqAny             = 0
-	TreeLeaf          = 2147483648
+	TreeLeaf          = 8
+	TreeKindShift     = 28
+	TreeOffsetMask    = 268435455
 	MaxTrees          = 3
 	TreeDepth         = 9
 )

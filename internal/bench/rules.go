@@ -101,9 +101,9 @@ type ScaleResult struct {
 	NsPerPacket float64 `json:"ns_per_packet"`
 	NsMin       float64 `json:"ns_min"`
 	NsMax       float64 `json:"ns_max"`
-	VsFewest    float64 `json:"vs_fewest"` // over the smallest policy's, same frame, same run
-	LoadSeconds float64 `json:"load_seconds"`  // compile and load the policy
-	KernelBytes uint64  `json:"kernel_bytes"`  // the rules and the classifier's maps
+	VsFewest    float64 `json:"vs_fewest"`    // over the smallest policy's, same frame, same run
+	LoadSeconds float64 `json:"load_seconds"` // compile and load the policy
+	KernelBytes uint64  `json:"kernel_bytes"` // the rules and the classifier's maps
 	TreeWords   int     `json:"tree_words"`
 }
 

@@ -81,14 +81,8 @@ bytes.`,
 				return benchScale(g, ns, fams, repeat, runs, progress)
 			}
 			res, err := bench.Rules(fams, repeat, runs, progress)
-			if progress != nil {
-				fmt.Fprint(g.env.Stderr, "\r\033[K")
-			}
-			if err != nil {
-				return fmt.Errorf("bench rules: %w (it needs root for BPF_PROG_TEST_RUN)", err)
-			}
-			if g.json {
-				return g.printJSON(map[string]any{"repeat": repeat, "runs": runs, "results": res})
+			if done, err := rulesDone(g, progress, err, repeat, runs, res); done {
+				return err
 			}
 			rows := [][]string{{"FAMILY", "RULE", "NS/PKT", "MIN-MAX", "x DROP"}}
 			for _, r := range res {
@@ -108,16 +102,25 @@ bytes.`,
 	return c
 }
 
-func benchScale(g *globals, counts, fams []int, repeat, runs int, progress func(string)) error {
-	res, err := bench.Scale(counts, fams, repeat, runs, progress)
+// rulesDone ends a bench rules run: clears the progress line, words an
+// error, prints the JSON when asked. done: nothing is left to print.
+func rulesDone(g *globals, progress func(string), err error, repeat, runs int, res any) (done bool, _ error) {
 	if progress != nil {
 		fmt.Fprint(g.env.Stderr, "\r\033[K")
 	}
 	if err != nil {
-		return fmt.Errorf("bench rules: %w (it needs root for BPF_PROG_TEST_RUN)", err)
+		return true, fmt.Errorf("bench rules: %w (it needs root for BPF_PROG_TEST_RUN)", err)
 	}
 	if g.json {
-		return g.printJSON(map[string]any{"repeat": repeat, "runs": runs, "results": res})
+		return true, g.printJSON(map[string]any{"repeat": repeat, "runs": runs, "results": res})
+	}
+	return false, nil
+}
+
+func benchScale(g *globals, counts, fams []int, repeat, runs int, progress func(string)) error {
+	res, err := bench.Scale(counts, fams, repeat, runs, progress)
+	if done, err := rulesDone(g, progress, err, repeat, runs, res); done {
+		return err
 	}
 	rows := [][]string{{"FAMILY", "RULES", "FRAME", "NS/PKT", "MIN-MAX", "x FEWEST", "LOAD", "KERNEL"}}
 	for _, r := range res {

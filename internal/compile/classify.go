@@ -29,7 +29,7 @@ const LeafMax = 4
 
 // treeBudget bounds the trees (u32 words, 64 MiB): past it, nodes are not
 // split any more and leaves grow, correct but slower to scan.
-const treeBudget = 1 << 24
+const treeBudget = 1 << 24 // under abi.TreeOffsetMask
 
 // status is what a field's eq makes of an entry that tests the field.
 type status uint8
@@ -376,7 +376,7 @@ type treeBuilder struct {
 	entries []abi.Rule
 	fields  *[abi.NumFields]field
 	tree    []uint32
-	memo    map[string]uint32 // a node's items -> its offset
+	memo    map[string]uint32 // a node's items -> its ref
 	counts  []int
 }
 
@@ -391,7 +391,7 @@ func (b *treeBuilder) tests(r int) uint8 {
 	return m
 }
 
-// node returns the offset of the subtree for items, built once per distinct
+// node returns the ref of the subtree for items, built once per distinct
 // list of items.
 func (b *treeBuilder) node(items []item) uint32 {
 	key := make([]byte, 0, len(items)*5)
@@ -436,7 +436,6 @@ func (b *treeBuilder) build(items []item) uint32 {
 		}
 	}
 	o := uint32(len(b.tree))
-	b.tree = append(b.tree, uint32(f))
 	b.tree = append(b.tree, make([]uint32, fd.n)...)
 	for eq := range fd.n {
 		child := make([]item, 0, len(everywhere)+len(under[eq]))
@@ -458,9 +457,9 @@ func (b *treeBuilder) build(items []item) uint32 {
 			}
 			child = append(child, it)
 		}
-		b.tree[o+1+uint32(eq)] = b.node(normalize(child, b.entries))
+		b.tree[o+uint32(eq)] = b.node(normalize(child, b.entries))
 	}
-	return o
+	return uint32(f)<<abi.TreeKindShift | o
 }
 
 // choose picks the field to split items on: the one whose largest child is
@@ -499,9 +498,9 @@ func (b *treeBuilder) choose(items []item, pending uint8) int {
 
 func (b *treeBuilder) leaf(items []item) uint32 {
 	o := uint32(len(b.tree))
-	b.tree = append(b.tree, abi.TreeLeaf|uint32(len(items)))
+	b.tree = append(b.tree, uint32(len(items)))
 	for _, it := range items {
 		b.tree = append(b.tree, uint32(it.entry))
 	}
-	return o
+	return abi.TreeLeaf<<abi.TreeKindShift | o
 }
