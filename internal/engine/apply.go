@@ -437,8 +437,15 @@ func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter, events []
 	for slot := 0; slot < abi.SlotRule0; slot++ {
 		add(slot, slot)
 	}
+	type key struct{ name, match string }
+	was := make(map[key]int, len(rules)) // a map, not a search: policies hold 100,000 rules
+	for j, o := range rules {
+		if _, dup := was[key{o.Name, o.Match}]; !dup {
+			was[key{o.Name, o.Match}] = j
+		}
+	}
 	for i, r := range to.Rules {
-		if j := slices.IndexFunc(rules, func(o RuleInfo) bool { return o.Name == r.Name && o.Match == r.Match }); j >= 0 {
+		if j, ok := was[key{r.Name, r.Match}]; ok {
 			add(abi.SlotRule0+i, abi.SlotRule0+j)
 			if j < len(events) {
 				to.CarriedEvents[i] = addEvents(to.CarriedEvents[i], events[j])
