@@ -111,26 +111,30 @@ func (m TableMaps) raiseOverlayCount(fam, n uint32) error {
 }
 
 func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K]) error {
-	if err := putOverlay(m, entries); err != nil {
-		return err
-	}
-	keep := make(map[K]bool, len(entries))
-	for _, e := range entries {
-		keep[e.Key] = true
-	}
-	var stale []K
+	// What the trie holds, read before writing: only new and changed
+	// entries are written (an LPM trie takes no batches, and a change to a
+	// long overlay touches few of its entries).
+	held := map[K]abi.Overlay{}
 	var k K
 	var v abi.Overlay
 	it := m.Iterate()
 	for it.Next(&k, &v) {
-		if !keep[k] {
-			stale = append(stale, k)
-		}
+		held[k] = v
 	}
 	if err := it.Err(); err != nil {
 		return err
 	}
-	for _, k := range stale {
+	var changed []compile.OverlayEntry[K]
+	for _, e := range entries {
+		if was, ok := held[e.Key]; !ok || was != e.Overlay {
+			changed = append(changed, e)
+		}
+		delete(held, e.Key)
+	}
+	if err := putOverlay(m, changed); err != nil {
+		return err
+	}
+	for k := range held { // stale
 		if err := m.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return err
 		}

@@ -165,9 +165,13 @@ func nonNil(ops []policy.ListOp) []policy.ListOp {
 	return ops
 }
 
+// maxBanBody bounds a ban request: about 2 million addresses, as a feed
+// sends them at startup.
+const maxBanBody = 64 << 20
+
 func decodeBan(r *http.Request, req *BanRequest) ([]netip.Prefix, time.Duration, error) {
-	if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20)).Decode(req); err != nil {
-		return nil, 0, fmt.Errorf("request body: %w", err)
+	if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBanBody)).Decode(req); err != nil {
+		return nil, 0, fmt.Errorf("request body (at most %d MiB: split a larger change): %w", maxBanBody>>20, err)
 	}
 	var prefixes []netip.Prefix
 	for _, s := range req.Prefixes {
