@@ -253,33 +253,51 @@ func LoadPinned(dir string) (*Objects, error) {
 
 // ReadEvents sums the per-CPU limit and cookie events of the first n rules.
 func (o *Objects) ReadEvents(n int) ([]abi.RuleEvents, error) {
-	out := make([]abi.RuleEvents, min(n, int(o.RuleEvents.MaxEntries())))
-	var percpu []abi.RuleEvents
-	for i := range out {
-		if err := o.RuleEvents.Lookup(uint32(i), &percpu); err != nil {
-			return nil, fmt.Errorf("read events of rule %d: %w", i, err)
-		}
-		for _, e := range percpu {
-			out[i].Over += e.Over
-			out[i].CookiesSent += e.CookiesSent
-			out[i].CookiesOk += e.CookiesOk
-			out[i].CookiesBad += e.CookiesBad
-		}
-	}
-	return out, nil
+	return sumPerCPU(o.RuleEvents, n, func(to *abi.RuleEvents, e abi.RuleEvents) {
+		to.Over += e.Over
+		to.CookiesSent += e.CookiesSent
+		to.CookiesOk += e.CookiesOk
+		to.CookiesBad += e.CookiesBad
+	})
 }
 
 // ReadCounters sums the per-CPU counters of the first n slots.
 func (o *Objects) ReadCounters(n int) ([]abi.Counter, error) {
-	out := make([]abi.Counter, min(n, int(o.Counters.MaxEntries())))
-	var percpu []abi.Counter
-	for slot := range out {
-		if err := o.Counters.Lookup(uint32(slot), &percpu); err != nil {
-			return nil, fmt.Errorf("read counter %d: %w", slot, err)
+	return sumPerCPU(o.Counters, n, func(to *abi.Counter, c abi.Counter) {
+		to.Packets += c.Packets
+		to.Bytes += c.Bytes
+	})
+}
+
+// sumPerCPU reads the first n elements of a per-CPU array (fewer if it has
+// fewer), each summed over the CPUs with add, in batches: a policy of
+// 100,000 rules is read in a few system calls, not one per rule.
+func sumPerCPU[T any](m *ebpf.Map, n int, add func(*T, T)) ([]T, error) {
+	n = min(n, int(m.MaxEntries()))
+	out := make([]T, n)
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return nil, err
+	}
+	const batch = 4096
+	keys := make([]uint32, batch)
+	vals := make([]T, batch*cpus)
+	var cursor ebpf.MapBatchCursor
+	for done := 0; done < n; {
+		got, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range got {
+			if k := int(keys[i]); k < n {
+				for c := range cpus {
+					add(&out[k], vals[i*cpus+c])
+				}
+			}
 		}
-		for _, c := range percpu {
-			out[slot].Packets += c.Packets
-			out[slot].Bytes += c.Bytes
+		done += got
+		if errors.Is(err, ebpf.ErrKeyNotExist) || got == 0 {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", m, err)
 		}
 	}
 	return out, nil
