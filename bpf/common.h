@@ -290,10 +290,17 @@ enum v6_table {
 };
 
 /* In-place changes (rampart list add|del): the longest overlay prefix
- * covering an address sets and clears list bits over the base tables. */
+ * covering an address sets and clears list bits over the base tables. The
+ * prefixes are in hash tables keyed by (length, masked address), probed
+ * only at the lengths present (overlay_lengths), longest first: a lookup
+ * costs a probe per length, not a walk of a trie as deep as its entries. */
 struct overlay {
 	__u64 set;
 	__u64 clear;
+};
+
+struct overlay_lengths {
+	__u64 bits[3]; /* bit i: prefixes of length i (0 to 128) are present */
 };
 
 struct lpm_v4_key {

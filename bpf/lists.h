@@ -42,10 +42,9 @@ TABLE(v6_long, struct v6_long_bucket);
 /* Class id -> bitmask of lists; class 0 is "in no list". */
 TABLE(classes, __u64);
 
-/* Small and changed in place; looked up only while it holds entries
- * (overlay_entries, per family, kept by Go). */
+/* Changed in place; keys are masked to their length. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1 << 20);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm_v4_key);
@@ -53,19 +52,21 @@ struct {
 } overlay_v4 SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 1 << 20);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct lpm_v6_key);
 	__type(value, struct overlay);
 } overlay_v6 SEC(".maps");
 
+/* The lengths the overlay holds, per family (0: IPv4, 1: IPv6), kept by Go:
+ * a length is added before its first entry and dropped after its last. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 2);
 	__type(key, __u32);
-	__type(value, __u32);
-} overlay_entries SEC(".maps");
+	__type(value, struct overlay_lengths);
+} overlay_lengths SEC(".maps");
 
 /* A key's first bucket: multiply-shift, then a range reduction. */
 static __always_inline __u32 first_bucket(__u32 digest, __u64 mul, __u32 buckets)
@@ -251,6 +252,49 @@ static __always_inline __u32 v6_class(const __u8 *addr)
 	return w.cls >= 0 ? w.cls : n->base;
 }
 
+/* The overlay's probe of an address: lengths left, longest first. */
+struct overlay_probe {
+	__u64 lens[3];
+	union {
+		__u8 addr[16];
+		__u64 addr64[2];
+	};
+	__u64 hi, lo; /* the address in host order (IPv4: in hi's top 32 bits) */
+	struct overlay *found;
+	__u8 v6;
+};
+
+/* Probes the longest length left; 1 when done. */
+static __always_inline long overlay_probe(struct overlay_probe *pr)
+{
+	int w = pr->lens[2] ? 2 : pr->lens[1] ? 1 : 0;
+	if (!pr->lens[w & 3])
+		return 1;
+	int b = highest(pr->lens[w & 3]);
+	pr->lens[w & 3] &= ~(1ULL << b);
+	__u32 len = w * 64 + b;
+	if (pr->v6) {
+		struct lpm_v6_key k = {.prefixlen = len};
+		__u64 hi = bpf_cpu_to_be64(mask_top(pr->hi, len));
+		__u64 lo = bpf_cpu_to_be64(len > 64 ? mask_top(pr->lo, len - 64) : 0);
+		__builtin_memcpy(k.addr, &hi, 8);
+		__builtin_memcpy(k.addr + 8, &lo, 8);
+		pr->found = bpf_map_lookup_elem(&overlay_v6, &k);
+	} else {
+		struct lpm_v4_key k = {.prefixlen = len};
+		__u32 a = bpf_htonl((__u32)(mask_top(pr->hi, len) >> 32));
+		__builtin_memcpy(k.addr, &a, 4);
+		pr->found = bpf_map_lookup_elem(&overlay_v4, &k);
+	}
+	return pr->found != 0;
+}
+
+/* The loop's callback; the first probe is made inline (see v6_step). */
+static long overlay_step(__u32 i, void *arg)
+{
+	return overlay_probe(arg);
+}
+
 /* An address's lists: its class in the tables (*cls) and the mask of lists
  * after the overlay (*mask). Returns whether the overlay changed it. */
 static __always_inline int lookup_membership(__u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
@@ -260,22 +304,22 @@ static __always_inline int lookup_membership(__u8 family, const __u8 *addr, __u6
 	*mask = m ? *m : 0;
 
 	__u32 fi = family == 4 ? 0 : 1;
-	__u32 *live = bpf_map_lookup_elem(&overlay_entries, &fi);
-	if (!live || !*live)
+	struct overlay_lengths *lens = bpf_map_lookup_elem(&overlay_lengths, &fi);
+	if (!lens || !(lens->bits[0] | lens->bits[1] | lens->bits[2]))
 		return 0;
-	struct overlay *o;
-	if (family == 4) {
-		struct lpm_v4_key k = {.prefixlen = 32};
-		__builtin_memcpy(k.addr, addr, 4);
-		o = bpf_map_lookup_elem(&overlay_v4, &k);
-	} else {
-		struct lpm_v6_key k = {.prefixlen = 128};
-		__builtin_memcpy(k.addr, addr, 16);
-		o = bpf_map_lookup_elem(&overlay_v6, &k);
-	}
-	if (!o)
+	struct overlay_probe pr = {.lens = {lens->bits[0], lens->bits[1], lens->bits[2]}};
+	if (family == 4)
+		__builtin_memcpy(pr.addr, addr, 4);
+	else
+		__builtin_memcpy(pr.addr, addr, 16);
+	pr.hi = bpf_be64_to_cpu(pr.addr64[0]);
+	pr.lo = bpf_be64_to_cpu(pr.addr64[1]);
+	pr.v6 = family != 4;
+	if (!overlay_probe(&pr))
+		bpf_loop(128, overlay_step, &pr, 0);
+	if (!pr.found)
 		return 0;
-	*mask = (*mask & ~o->clear) | o->set;
+	*mask = (*mask & ~pr.found->clear) | pr.found->set;
 	return 1;
 }
 

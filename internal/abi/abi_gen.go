@@ -51,6 +51,12 @@ type Overlay struct {
 	Clear uint64
 }
 
+// OverlayLengths is struct overlay_lengths.
+type OverlayLengths struct {
+	_    structs.HostLayout
+	Bits [3]uint64
+}
+
 // V4Bitmap is struct v4_bitmap.
 type V4Bitmap struct {
 	_    structs.HostLayout

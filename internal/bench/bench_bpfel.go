@@ -30,7 +30,7 @@ const (
 	benchMapKernelLpmV4    = "kernel_lpm_v4"
 	benchMapKernelLpmV6    = "kernel_lpm_v6"
 	benchMapOneRead        = "one_read"
-	benchMapOverlayEntries = "overlay_entries"
+	benchMapOverlayLengths = "overlay_lengths"
 	benchMapOverlayV4      = "overlay_v4"
 	benchMapOverlayV6      = "overlay_v6"
 	benchMapSources        = "sources"
@@ -118,7 +118,7 @@ type benchMapSpecs struct {
 	KernelLpmV4    *ebpf.MapSpec `ebpf:"kernel_lpm_v4"`
 	KernelLpmV6    *ebpf.MapSpec `ebpf:"kernel_lpm_v6"`
 	OneRead        *ebpf.MapSpec `ebpf:"one_read"`
-	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
+	OverlayLengths *ebpf.MapSpec `ebpf:"overlay_lengths"`
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
 	Sources        *ebpf.MapSpec `ebpf:"sources"`
@@ -178,7 +178,7 @@ type benchMaps struct {
 	KernelLpmV4    *ebpf.Map `ebpf:"kernel_lpm_v4"`
 	KernelLpmV6    *ebpf.Map `ebpf:"kernel_lpm_v6"`
 	OneRead        *ebpf.Map `ebpf:"one_read"`
-	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
+	OverlayLengths *ebpf.Map `ebpf:"overlay_lengths"`
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
 	Sources        *ebpf.Map `ebpf:"sources"`
@@ -198,7 +198,7 @@ func (m *benchMaps) Close() error {
 		m.KernelLpmV4,
 		m.KernelLpmV6,
 		m.OneRead,
-		m.OverlayEntries,
+		m.OverlayLengths,
 		m.OverlayV4,
 		m.OverlayV6,
 		m.Sources,

@@ -314,7 +314,7 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 
 func tableMaps(o *benchObjects) datapath.TableMaps {
 	return datapath.TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
-		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
+		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayLengths: o.OverlayLengths}
 }
 
 // kernelLPM loads the benchmark over the kernel's LPM trie holding

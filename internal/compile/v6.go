@@ -189,10 +189,12 @@ func digest6(hi, lo uint64, length uint32) uint32 {
 }
 
 func key6(p netip.Prefix) abi.LPMKeyV6 {
+	p = p.Masked() // the overlay's hash tables are keyed by masked prefixes
 	return abi.LPMKeyV6{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As16()}
 }
 
 func key4(p netip.Prefix) abi.LPMKeyV4 {
+	p = p.Masked()
 	return abi.LPMKeyV4{Prefixlen: uint32(p.Bits()), Addr: p.Addr().As4()}
 }
 

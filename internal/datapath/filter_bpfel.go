@@ -25,7 +25,7 @@ const (
 	filterMapLimitState       = "limit_state"
 	filterMapLimits           = "limits"
 	filterMapMaskEqs          = "mask_eqs"
-	filterMapOverlayEntries   = "overlay_entries"
+	filterMapOverlayLengths   = "overlay_lengths"
 	filterMapOverlayV4        = "overlay_v4"
 	filterMapOverlayV6        = "overlay_v6"
 	filterMapRuleEvents       = "rule_events"
@@ -119,7 +119,7 @@ type filterMapSpecs struct {
 	LimitState     *ebpf.MapSpec `ebpf:"limit_state"`
 	Limits         *ebpf.MapSpec `ebpf:"limits"`
 	MaskEqs        *ebpf.MapSpec `ebpf:"mask_eqs"`
-	OverlayEntries *ebpf.MapSpec `ebpf:"overlay_entries"`
+	OverlayLengths *ebpf.MapSpec `ebpf:"overlay_lengths"`
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
 	RuleEvents     *ebpf.MapSpec `ebpf:"rule_events"`
@@ -185,7 +185,7 @@ type filterMaps struct {
 	LimitState     *ebpf.Map `ebpf:"limit_state"`
 	Limits         *ebpf.Map `ebpf:"limits"`
 	MaskEqs        *ebpf.Map `ebpf:"mask_eqs"`
-	OverlayEntries *ebpf.Map `ebpf:"overlay_entries"`
+	OverlayLengths *ebpf.Map `ebpf:"overlay_lengths"`
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
 	RuleEvents     *ebpf.Map `ebpf:"rule_events"`
@@ -211,7 +211,7 @@ func (m *filterMaps) Close() error {
 		m.LimitState,
 		m.Limits,
 		m.MaskEqs,
-		m.OverlayEntries,
+		m.OverlayLengths,
 		m.OverlayV4,
 		m.OverlayV6,
 		m.RuleEvents,

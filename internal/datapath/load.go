@@ -167,7 +167,7 @@ func loadError(err error) error {
 
 func (o *Objects) tables() TableMaps {
 	return TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
-		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayEntries: o.OverlayEntries}
+		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayLengths: o.OverlayLengths}
 }
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
@@ -213,7 +213,7 @@ func (o *Objects) objects() []object {
 		m(filterMapV4Blocks, &o.V4Blocks), m(filterMapV4Wide, &o.V4Wide), m(filterMapV4Bitmaps, &o.V4Bitmaps), m(filterMapV4Tbl8s, &o.V4Tbl8s),
 		m(filterMapV6Blocks, &o.V6Blocks), m(filterMapV6Short, &o.V6Short), m(filterMapV6Long, &o.V6Long),
 		m(filterMapClasses, &o.Classes), m(filterMapOverlayV4, &o.OverlayV4), m(filterMapOverlayV6, &o.OverlayV6),
-		m(filterMapOverlayEntries, &o.OverlayEntries),
+		m(filterMapOverlayLengths, &o.OverlayLengths),
 	}
 }
 

@@ -80,12 +80,26 @@ func readArray[T any](m *ebpf.Map) ([]T, error) {
 
 // ReplaceOverlay rewrites the in-place overlay: new and changed entries
 // first, then stale ones deleted. Every update is atomic for the packets that
-// see it, and the base tables are never touched. The programs look the trie
-// up only while overlay_entries says it holds entries: the count goes up
-// before entries are added and down after they are deleted.
+// see it, and the base tables are never touched. The programs probe only the
+// lengths overlay_lengths holds: a length is added before entries of it are
+// written and dropped after the last is deleted.
 func (m TableMaps) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
-	for fam, n := range []int{len(v4), len(v6)} {
-		if err := m.raiseOverlayCount(uint32(fam), uint32(n)); err != nil {
+	var want [2]abi.OverlayLengths
+	for _, e := range v4 {
+		setLength(&want[0], e.Key.Prefixlen)
+	}
+	for _, e := range v6 {
+		setLength(&want[1], e.Key.Prefixlen)
+	}
+	for fam := range want {
+		var cur abi.OverlayLengths
+		if err := m.OverlayLengths.Lookup(uint32(fam), &cur); err != nil {
+			return err
+		}
+		for i := range cur.Bits {
+			cur.Bits[i] |= want[fam].Bits[i]
+		}
+		if err := m.OverlayLengths.Put(uint32(fam), cur); err != nil {
 			return err
 		}
 	}
@@ -95,19 +109,11 @@ func (m TableMaps) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []
 	if err := replaceOverlay(m.OverlayV6, v6); err != nil {
 		return err
 	}
-	return errors.Join(m.OverlayEntries.Put(uint32(0), uint32(len(v4))), m.OverlayEntries.Put(uint32(1), uint32(len(v6))))
+	return errors.Join(m.OverlayLengths.Put(uint32(0), want[0]), m.OverlayLengths.Put(uint32(1), want[1]))
 }
 
-// raiseOverlayCount makes a family's count at least n.
-func (m TableMaps) raiseOverlayCount(fam, n uint32) error {
-	var cur uint32
-	if err := m.OverlayEntries.Lookup(fam, &cur); err != nil {
-		return err
-	}
-	if n > cur {
-		return m.OverlayEntries.Put(fam, n)
-	}
-	return nil
+func setLength(l *abi.OverlayLengths, n uint32) {
+	l.Bits[n/64] |= 1 << (n % 64)
 }
 
 func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K]) error {

@@ -45,7 +45,7 @@ func (s *TableSpecs) Size(t *compile.Tables) error {
 // TableMaps are the prefix-list maps of bpf/lists.h once loaded.
 type TableMaps struct {
 	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.Map
-	OverlayV4, OverlayV6, OverlayEntries                                     *ebpf.Map
+	OverlayV4, OverlayV6, OverlayLengths                                     *ebpf.Map
 }
 
 // Fill writes the tables into maps sized by TableSpecs.Size.

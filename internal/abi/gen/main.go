@@ -27,6 +27,7 @@ var structs = []struct{ c, goName string }{
 	{"lpm_v4_key", "LPMKeyV4"},
 	{"lpm_v6_key", "LPMKeyV6"},
 	{"overlay", "Overlay"},
+	{"overlay_lengths", "OverlayLengths"},
 	{"v4_bitmap", "V4Bitmap"},
 	{"v4_tbl8", "V4Tbl8"},
 	{"v4_block", "V4Block"},
