@@ -300,6 +300,22 @@ func MAC(t testing.TB, ns, ifc string) net.HardwareAddr {
 	return m
 }
 
+// WaitCarrier waits until an interface of ns has its carrier (a veth: once
+// its peer is up too), so that what is read of it next does not change by
+// itself under the test.
+func WaitCarrier(t testing.TB, ns, ifc string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out := Run(t, "ip", "-n", ns, "link", "show", ifc)
+		if strings.Contains(out, "LOWER_UP") && strings.Contains(out, "state UP") {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s in %s has no carrier: %s", ifc, ns, out)
+		}
+	}
+}
+
 // WaitLinks waits up to 10 s for the interfaces to be in ns.
 func WaitLinks(t testing.TB, ns string, ifcs ...string) {
 	t.Helper()
