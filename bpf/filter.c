@@ -223,17 +223,30 @@ static long walk_rest(__u32 i, void *arg)
 	return walk_step(arg);
 }
 
-/* An address's mask and its eq as a source (dst 0) or destination. */
-static __always_inline void address_eq(const __u8 *addr, int dst, struct match_ctx *m)
+/* What classify needs of an address. */
+struct address {
+	__u64 mask; /* its lists */
+	__u32 eq;   /* its eq as a source or destination */
+};
+
+/* Looks up p's source (dst 0) or destination. A global function: the
+ * verifier checks it once per program, not once per address, and its frame
+ * (the IPv6 walk's, the overlay probe's) is not classify's, within the 512
+ * bytes of stack Linux 6.1 allows a chain of calls. */
+__noinline int address_lookup(const struct pkt *p, int dst, struct address *out)
 {
-	__u64 *mask = dst ? &m->dst_mask : &m->src_mask;
-	__u32 *eq = dst ? &m->dst_eq : &m->src_eq;
+	if (!p || !out)
+		return 0;
+	__u64 mask;
+	__u32 cls;
 	struct class_eqs *e;
-	if (lookup_membership(m->p->family, addr, mask, eq))
-		e = bpf_map_lookup_elem(&mask_eqs, mask);
+	if (lookup_membership(p->family, dst ? p->daddr : p->saddr, &mask, &cls))
+		e = bpf_map_lookup_elem(&mask_eqs, &mask);
 	else
-		e = bpf_map_lookup_elem(&class_eqs, eq); /* *eq holds the class */
-	*eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
+		e = bpf_map_lookup_elem(&class_eqs, &cls);
+	out->mask = mask;
+	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
+	return 0;
 }
 
 /* The first rule entry a parsed frame matches (NO_ENTRY: none), and in
@@ -246,10 +259,17 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
 {
 	struct match_ctx m = {.p = p, .src_eq = EQ_ANY, .dst_eq = EQ_ANY};
 	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
-	if (need_src_lookup)
-		address_eq(p->saddr, 0, &m);
-	if (need_dst_lookup)
-		address_eq(p->daddr, 1, &m);
+	struct address a;
+	if (need_src_lookup) {
+		address_lookup(p, 0, &a);
+		m.src_mask = a.mask;
+		m.src_eq = a.eq;
+	}
+	if (need_dst_lookup) {
+		address_lookup(p, 1, &a);
+		m.dst_mask = a.mask;
+		m.dst_eq = a.eq;
+	}
 	for (__u32 t = 0; t < MAX_TREES; t++) {
 		if (t >= num_trees)
 			break;

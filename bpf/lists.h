@@ -255,10 +255,6 @@ static __always_inline __u32 v6_class(const __u8 *addr)
 /* The overlay's probe of an address: lengths left, longest first. */
 struct overlay_probe {
 	__u64 lens[3];
-	union {
-		__u8 addr[16];
-		__u64 addr64[2];
-	};
 	__u64 hi, lo; /* the address in host order (IPv4: in hi's top 32 bits) */
 	struct overlay *found;
 	__u8 v6;
@@ -307,14 +303,17 @@ static __always_inline int lookup_membership(__u8 family, const __u8 *addr, __u6
 	struct overlay_lengths *lens = bpf_map_lookup_elem(&overlay_lengths, &fi);
 	if (!lens || !(lens->bits[0] | lens->bits[1] | lens->bits[2]))
 		return 0;
-	struct overlay_probe pr = {.lens = {lens->bits[0], lens->bits[1], lens->bits[2]}};
-	if (family == 4)
-		__builtin_memcpy(pr.addr, addr, 4);
-	else
-		__builtin_memcpy(pr.addr, addr, 16);
-	pr.hi = bpf_be64_to_cpu(pr.addr64[0]);
-	pr.lo = bpf_be64_to_cpu(pr.addr64[1]);
-	pr.v6 = family != 4;
+	struct overlay_probe pr = {.lens = {lens->bits[0], lens->bits[1], lens->bits[2]}, .v6 = family != 4};
+	if (family == 4) {
+		__u32 a;
+		__builtin_memcpy(&a, addr, 4);
+		pr.hi = (__u64)bpf_ntohl(a) << 32;
+	} else {
+		__builtin_memcpy(&pr.hi, addr, 8);
+		__builtin_memcpy(&pr.lo, addr + 8, 8);
+		pr.hi = bpf_be64_to_cpu(pr.hi);
+		pr.lo = bpf_be64_to_cpu(pr.lo);
+	}
 	if (!overlay_probe(&pr))
 		bpf_loop(128, overlay_step, &pr, 0);
 	if (!pr.found)
