@@ -42,6 +42,13 @@ type Objects struct {
 	filterMaps
 }
 
+// filterCore is the filter without its SYN cookie check.
+type filterCore struct {
+	filterMaps
+	RampartXdp *ebpf.Program `ebpf:"rampart_xdp"`
+	RampartTc  *ebpf.Program `ebpf:"rampart_tc"`
+}
+
 // Program returns the program of the given kind.
 func (o *Objects) Program(k Kind) *ebpf.Program {
 	if k == KindTC {
@@ -105,8 +112,17 @@ func Load(img *compile.Image) (*Objects, error) {
 	} {
 		size.spec.MaxEntries = uint32(max(1, size.n))
 	}
+	// The SYN cookie check is loaded only for a policy that answers SYNs:
+	// each program costs the verifier a third of a load.
 	var objs filterObjects
-	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+	if img.Syncookie {
+		err = spec.LoadAndAssign(&objs, nil)
+	} else {
+		var core filterCore
+		err = spec.LoadAndAssign(&core, nil)
+		objs.filterMaps, objs.RampartXdp, objs.RampartTc = core.filterMaps, core.RampartXdp, core.RampartTc
+	}
+	if err != nil {
 		return nil, loadError(err)
 	}
 	o := &Objects{objs.filterPrograms, objs.filterMaps}
@@ -183,9 +199,10 @@ func (o *Objects) Close() error {
 
 // object is one program or map of a generation, under its name in bpf/.
 type object struct {
-	name string
-	prog **ebpf.Program
-	m    **ebpf.Map
+	name     string
+	prog     **ebpf.Program
+	m        **ebpf.Map
+	optional bool // loaded only for some policies
 }
 
 func (x object) get() interface {
@@ -206,7 +223,8 @@ func (o *Objects) objects() []object {
 	p := func(name string, x **ebpf.Program) object { return object{name: name, prog: x} }
 	m := func(name string, x **ebpf.Map) object { return object{name: name, m: x} }
 	return []object{
-		p(filterProgRampartXdp, &o.RampartXdp), p(filterProgRampartTc, &o.RampartTc), p(filterProgRampartTcCookie, &o.RampartTcCookie),
+		p(filterProgRampartXdp, &o.RampartXdp), p(filterProgRampartTc, &o.RampartTc),
+		{name: filterProgRampartTcCookie, prog: &o.RampartTcCookie, optional: true},
 		m(filterMapCounters, &o.Counters), m(filterMapRuleEvents, &o.RuleEvents), m(filterMapLimitState, &o.LimitState), m(filterMapLimitSources, &o.LimitSources),
 		m(filterMapLimits, &o.Limits), m(filterMapRules, &o.Rules), m(filterMapTree, &o.Tree), m(filterMapFieldEqs, &o.FieldEqs),
 		m(filterMapClassEqs, &o.ClassEqs), m(filterMapMaskEqs, &o.MaskEqs),
@@ -224,6 +242,9 @@ func (o *Objects) Pin(dir string) error {
 		return err
 	}
 	for _, x := range o.objects() {
+		if x.optional && x.get() == nil {
+			continue
+		}
 		if err := x.get().Pin(filepath.Join(dir, x.name)); err != nil {
 			os.RemoveAll(dir)
 			return fmt.Errorf("pin %s: %w", x.name, err)
@@ -243,7 +264,7 @@ func LoadPinned(dir string) (*Objects, error) {
 		} else {
 			*x.m, err = ebpf.LoadPinnedMap(path, nil)
 		}
-		if err != nil {
+		if err != nil && !(x.optional && errors.Is(err, os.ErrNotExist)) {
 			o.Close()
 			return nil, fmt.Errorf("objects pinned in %s: %w", dir, err)
 		}
