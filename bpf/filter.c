@@ -274,8 +274,9 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
 		if (t >= num_trees)
 			break;
 		m.node = cfg.tree_roots[t];
-		if (!walk_step(&m))
-			bpf_loop(TREE_DEPTH - 1, walk_rest, &m, 0);
+		/* Two levels inline: most trees are that deep. */
+		if (!walk_step(&m) && !walk_step(&m))
+			bpf_loop(TREE_DEPTH - 2, walk_rest, &m, 0);
 		if (m.node >> TREE_KIND_SHIFT != TREE_LEAF)
 			continue;
 		m.node &= TREE_OFFSET_MASK;
