@@ -1,6 +1,7 @@
 package compile
 
 import (
+	crand "crypto/rand"
 	"encoding/binary"
 	"math/rand/v2"
 	"slices"
@@ -27,9 +28,11 @@ func (c *Classifier) KernelBytes() uint64 {
 // them: a frame matches at most this many whole.
 const LeafMax = 4
 
-// treeBudget bounds the trees (u32 words, 64 MiB): past it, nodes are not
-// split any more and leaves grow, correct but slower to scan.
-const treeBudget = 1 << 24 // under abi.TreeOffsetMask
+// treeBudget bounds the trees (u32 words, 64 MiB): a split that could pass
+// it is not made, and leaves grow, correct but slower to scan. The trees
+// stay under it and one leaf (entries at most), far under the 2^28 words a
+// ref addresses (abi.TreeOffsetMask).
+const treeBudget = 1 << 24
 
 // status is what a field's eq makes of an entry that tests the field.
 type status uint8
@@ -52,16 +55,29 @@ type cand struct {
 type field struct {
 	n     int
 	cands [][]cand
+	// unsplit: candidates past maxCands (nested ranges make them grow
+	// with the square of the entries): no node splits on the field, and
+	// leaves check it whole.
+	unsplit bool
 }
+
+// maxCands bounds a field's candidates, entries times the eqs each covers.
+const maxCands = 1 << 24
 
 // keys are random 128-bit identities of (entry, status), XORed into the key
 // of a value's judgement: equal keys, the same judgement by every rule.
-// (Distinct judgements collide with probability about eqs²/2^128.) The seed
-// is fixed so that a policy always compiles to the same tables.
+// They are drawn anew for every compile from the system's random source:
+// XOR is linear, so with keys anyone could know, a policy could be written
+// whose distinct judgements collide (and a rule would be lost); with secret
+// ones, distinct judgements collide with probability about eqs²/2^128.
+// Eqs are numbered in the order values meet them, so the tables do not
+// depend on the keys.
 type keys [][2][2]uint64
 
 func newKeys(n int) keys {
-	rng := rand.New(rand.NewPCG(0x72616d70, 0x61727421))
+	var seed [32]byte
+	crand.Read(seed[:]) // never fails (crypto/rand)
+	rng := rand.New(rand.NewChaCha8(seed))
 	k := make(keys, n)
 	for i := range k {
 		k[i] = [2][2]uint64{{rng.Uint64(), rng.Uint64()}, {rng.Uint64(), rng.Uint64()}}
@@ -176,8 +192,9 @@ func rangeField(entries []abi.Rule, k keys, tests func(r int) bool, rng func(r i
 		at = end
 	}
 	stamp := make([]int, 0)
+	total := 0
 	for r := range entries {
-		if f.cands[r] == nil {
+		if f.cands[r] == nil || f.unsplit {
 			continue
 		}
 		lo, hi := rng(r)
@@ -190,8 +207,10 @@ func rangeField(entries []abi.Rule, k keys, tests func(r int) bool, rng func(r i
 			if stamp[eq] != r {
 				stamp[eq] = r
 				f.cands[r] = append(f.cands[r], cand{eq, stMatch})
+				total++
 			}
 		}
+		f.unsplit = total > maxCands
 	}
 	for j, s := range special {
 		var key [2]uint64
@@ -302,6 +321,11 @@ func Classify(entries []abi.Rule, classes []uint64) Classifier {
 	}
 
 	b := treeBuilder{entries: entries, fields: &fs, memo: map[string]uint32{}}
+	for f := range fs {
+		if fs[f].unsplit {
+			b.unsplit |= 1 << f
+		}
+	}
 	for _, group := range groups(entries) {
 		items := make([]item, len(group))
 		for i, r := range group {
@@ -378,6 +402,7 @@ type treeBuilder struct {
 	tree    []uint32
 	memo    map[string]uint32 // a node's items -> its ref
 	counts  []int
+	unsplit uint8 // the fields no node splits on
 }
 
 // tests is the fields entry r tests, as bits.
@@ -413,11 +438,17 @@ func (b *treeBuilder) build(items []item) uint32 {
 	for _, it := range items {
 		pending |= it.left
 	}
-	if len(items) <= LeafMax || pending == 0 || len(b.tree) > treeBudget {
+	pending &^= b.unsplit
+	if len(items) <= LeafMax || pending == 0 {
 		return b.leaf(items)
 	}
-	f := b.choose(items, pending)
+	f, size := b.choose(items, pending)
 	fd := &b.fields[f]
+	// A split whose children, were they all leaves, would pass the budget
+	// is not made: the tree stays bounded, its leaves longer.
+	if len(b.tree)+fd.n+size > treeBudget {
+		return b.leaf(items)
+	}
 	// The items that do not test f go under every eq; the others under
 	// the eqs of their candidates.
 	type at struct {
@@ -464,7 +495,8 @@ func (b *treeBuilder) build(items []item) uint32 {
 
 // choose picks the field to split items on: the one whose largest child is
 // smallest, then whose children hold the fewest items in all.
-func (b *treeBuilder) choose(items []item, pending uint8) int {
+// It also returns the items its children would hold in all.
+func (b *treeBuilder) choose(items []item, pending uint8) (int, int) {
 	best, bestMax, bestSum := -1, 0, 0
 	for f := range b.fields {
 		if pending&(1<<f) == 0 {
@@ -493,7 +525,7 @@ func (b *treeBuilder) choose(items []item, pending uint8) int {
 			best, bestMax, bestSum = f, biggest, sum
 		}
 	}
-	return best
+	return best, bestSum
 }
 
 func (b *treeBuilder) leaf(items []item) uint32 {

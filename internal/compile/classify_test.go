@@ -2,6 +2,7 @@ package compile
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -131,5 +132,80 @@ func TestClassifierCutsAfterASureMatch(t *testing.T) {
 				t.Errorf("entry %d past the rule that matches every frame is in a leaf %v", e, leaf)
 			}
 		}
+	}
+}
+
+// firstMatch is the first of port-only entries a TCP frame matches, or -1.
+func firstMatch(entries []abi.Rule, sport, dport int) int {
+	for i, e := range entries {
+		if e.Match&abi.MatchSport != 0 && (sport < int(e.SportLo) || sport > int(e.SportHi)) {
+			continue
+		}
+		if e.Match&abi.MatchDport != 0 && (dport < int(e.DportLo) || dport > int(e.DportHi)) {
+			continue
+		}
+		return i
+	}
+	return -1
+}
+
+// leavesHold says whether the leaves a frame reaches hold entry want.
+func leavesHold(c *Classifier, sport, dport, want int) bool {
+	leaves := walk(c, func(f uint32) uint32 {
+		switch f {
+		case abi.FieldSport:
+			return c.FieldEqs[abi.BaseSport+sport]
+		case abi.FieldDport:
+			return c.FieldEqs[abi.BaseDport+dport]
+		case abi.FieldProto:
+			return c.FieldEqs[abi.BaseProto+6]
+		}
+		return 0
+	})
+	for _, leaf := range leaves {
+		for _, e := range leaf {
+			if int(e) == want {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestClassifierBoundedOnHardPolicies: policies built to blow a decision
+// tree up — entries on one port each of two fields, which a split on
+// either copies under every eq of the other; nested ranges, whose eqs each
+// cover a number of entries that grows with the entries — compile within
+// bounds, and every frame still reaches the entry it matches.
+func TestClassifierBoundedOnHardPolicies(t *testing.T) {
+	var crossed, nested []abi.Rule
+	for i := range 8000 {
+		crossed = append(crossed, abi.Rule{Match: abi.MatchDport, DportLo: uint16(1 + i), DportHi: uint16(1 + i), Action: abi.ActionDrop, Rule: uint32(len(crossed))})
+		crossed = append(crossed, abi.Rule{Match: abi.MatchSport, SportLo: uint16(1 + i), SportHi: uint16(1 + i), Action: abi.ActionDrop, Rule: uint32(len(crossed))})
+		nested = append(nested, abi.Rule{Match: abi.MatchDport, DportLo: uint16(32768 - i), DportHi: uint16(32768 + i), Action: abi.ActionDrop, Rule: uint32(i)})
+	}
+	for _, c := range []struct {
+		name    string
+		entries []abi.Rule
+	}{{"crossed ports", crossed}, {"nested ranges", nested}} {
+		cl := Classify(c.entries, []uint64{0})
+		if len(cl.Tree) > treeBudget+len(c.entries)+1 {
+			t.Errorf("%s: %d words of tree, over the budget of %d and a leaf", c.name, len(cl.Tree), treeBudget)
+		}
+		for _, f := range [][2]int{{1, 1}, {5000, 7000}, {8000, 1}, {9000, 9000}, {30000, 32768}, {1, 32768 + 7999}, {1, 40000}} {
+			want := firstMatch(c.entries, f[0], f[1])
+			if want >= 0 && !leavesHold(&cl, f[0], f[1], want) {
+				t.Errorf("%s: sport %d, dport %d: entry %d matches first and no leaf holds it", c.name, f[0], f[1], want)
+			}
+		}
+	}
+}
+
+// TestClassifierTablesDoNotDependOnKeys: eqs are numbered as values meet
+// them, so two compiles (each with keys of its own) give the same tables.
+func TestClassifierTablesDoNotDependOnKeys(t *testing.T) {
+	a, b := feed(t, 500), feed(t, 500)
+	if !slices.Equal(a.Tree, b.Tree) || !slices.Equal(a.FieldEqs, b.FieldEqs) || !slices.Equal(a.ClassEqs, b.ClassEqs) {
+		t.Error("two compiles of one policy gave different classifier tables")
 	}
 }

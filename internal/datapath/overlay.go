@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
@@ -49,17 +50,18 @@ func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 			known[m] = eqs[c]
 		}
 	}
-	room := int(o.MaskEqs.MaxEntries())
 	for d := range deltas {
 		for _, m := range masks {
 			after := m&^d.Clear | d.Set
 			e, ok := known[after]
-			if !ok || room == 0 {
+			if !ok {
 				continue
 			}
-			if err := o.MaskEqs.Update(after, e, ebpf.UpdateNoExist); err == nil {
-				room--
-			} else if !errors.Is(err, ebpf.ErrKeyExist) {
+			err := o.MaskEqs.Update(after, e, ebpf.UpdateNoExist)
+			switch {
+			case errors.Is(err, unix.E2BIG):
+				return nil // full: the rest are judged under EQ_ANY
+			case err != nil && !errors.Is(err, ebpf.ErrKeyExist):
 				return fmt.Errorf("the classifier's overlay masks: %w", err)
 			}
 		}
