@@ -347,8 +347,11 @@ func TestGuestDiagnoseFQ(t *testing.T) {
 	moving(t, f, "UdpSndbufErrors")
 	drops := moving(t, f, "qdisc/"+p.IfA+"/10:/drops")
 	plimit := moving(t, f, "qdisc/"+p.IfA+"/10:/flows_plimit")
-	if plimit.Value != drops.Value {
-		t.Errorf("flows_plimit %d, drops %d: want every drop to be fq's flow limit", plimit.Value, drops.Value)
+	// Nearly every drop is fq's flow limit: its total limit may take one
+	// or two when the queue fills at the same instant (one in 212,095 in
+	// one run).
+	if plimit.Value > drops.Value || (drops.Value-plimit.Value)*1000 > drops.Value {
+		t.Errorf("flows_plimit %d, drops %d: want all but a thousandth of the drops to be fq's flow limit", plimit.Value, drops.Value)
 	}
 	if !strings.Contains(f.Summary, "flow_limit = 100") {
 		t.Errorf("summary %q does not name flow_limit = 100", f.Summary)
