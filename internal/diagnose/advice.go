@@ -285,9 +285,12 @@ func netfilterDrop(w *window) []Finding {
 		}
 	}
 	sort.Slice(ev, func(i, j int) bool { return ev[i].Rate > ev[j].Rate })
-	// NETFILTER_DROP also counts conntrack's drops when its table is full.
+	// NETFILTER_DROP also counts conntrack's own drops: a full table's, and
+	// the inserts that lose a race (insert_failed, frequent when two CPUs
+	// take new flows of one tuple at once).
 	reasons := w.reasons("NETFILTER_DROP")
-	byRules, byReason := total(ev), total(reasons)-w.rates["conntrack/drop"]
+	ct := w.rates["conntrack/drop"] + w.rates["conntrack/insert_failed"]
+	byRules, byReason := total(ev), total(reasons)-ct
 	if byReason < 0.05*total(reasons) { // the tracer and the counters are read moments apart
 		byReason = 0
 	}
