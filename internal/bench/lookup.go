@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
-	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -196,28 +195,20 @@ func lookupOne(o Options, fam int, mix string, size int) ([]Result, error) {
 // measure runs every subject o.Runs times, interleaved so that noise from
 // a shared machine falls on all of them alike, and fills their rows.
 func measure(o Options, frame []byte, subjects []subject, rows map[string]*Result, progress func(run int)) error {
-	ns := make([][]float64, len(subjects))
 	before := make([][2]uint64, len(subjects))
+	trials := make([]trial, len(subjects))
 	for i, s := range subjects {
 		before[i] = lookupsAndHits(s.hits)
+		// XDP_DROP: the frame parsed and was not passed.
+		trials[i] = trial{s.structure, s.prog, frame, xdpDrop}
 	}
-	for run := 0; run < o.Runs; run++ {
-		progress(run)
-		for i, s := range subjects {
-			ret, d, err := s.prog.Benchmark(frame, o.Repeat, nil)
-			if err == nil && ret != 1 { // XDP_DROP: the frame parsed and was not passed
-				err = fmt.Errorf("program returned %d, not XDP_DROP", ret)
-			}
-			if err != nil {
-				return fmt.Errorf("%s: %w", s.structure, err)
-			}
-			ns[i] = append(ns[i], float64(d.Nanoseconds()))
-		}
+	ns, err := interleave(trials, o.Repeat, o.Runs, progress)
+	if err != nil {
+		return err
 	}
 	for i, s := range subjects {
 		r := rows[s.structure]
-		slices.Sort(ns[i])
-		r.NsPerPacket, r.NsMin, r.NsMax = ns[i][len(ns[i])/2], ns[i][0], ns[i][len(ns[i])-1]
+		r.NsPerPacket, r.NsMin, r.NsMax = spread(ns[i])
 		if s.hits != nil {
 			after := lookupsAndHits(s.hits)
 			r.HitRate = ptr(float64(after[1]-before[i][1]) / float64(max(1, after[0]-before[i][0])))

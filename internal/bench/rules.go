@@ -3,11 +3,8 @@ package bench
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"strings"
 	"time"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
@@ -46,7 +43,7 @@ type RuleResult struct {
 func Rules(families []int, repeat, runs int, progress func(string)) ([]RuleResult, error) {
 	var out []RuleResult
 	for _, fam := range families {
-		progs := make([]*ebpf.Program, len(rulePolicies))
+		trials := make([]trial, len(rulePolicies))
 		for i, rp := range rulePolicies {
 			pol, err := policy.Parse(rp.kind+".yaml", []byte(rp.yaml))
 			if err != nil {
@@ -57,29 +54,16 @@ func Rules(families []int, repeat, runs int, progress func(string)) ([]RuleResul
 				return nil, fmt.Errorf("load the %s policy: %w", rp.kind, err)
 			}
 			defer objs.Close()
-			progs[i] = objs.Program(datapath.KindXDP)
+			trials[i] = trial{rp.kind, objs.Program(datapath.KindXDP), udpFrame(fam), xdpDrop}
 		}
-		frame := udpFrame(fam)
-		ns := make([][]float64, len(progs))
-		for run := range runs {
-			if progress != nil {
-				progress(fmt.Sprintf("IPv%d: run %d/%d", fam, run+1, runs))
-			}
-			for i, p := range progs {
-				ret, d, err := p.Benchmark(frame, repeat, nil)
-				if err == nil && ret != 1 {
-					err = fmt.Errorf("program returned %d, not XDP_DROP", ret)
-				}
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", rulePolicies[i].kind, err)
-				}
-				ns[i] = append(ns[i], float64(d.Nanoseconds()))
-			}
+		ns, err := interleave(trials, repeat, runs, runProgress(progress, fam, runs))
+		if err != nil {
+			return nil, err
 		}
 		var drop float64
 		for i, rp := range rulePolicies {
-			slices.Sort(ns[i])
-			r := RuleResult{Rule: rp.kind, Family: fam, NsPerPacket: ns[i][len(ns[i])/2], NsMin: ns[i][0], NsMax: ns[i][len(ns[i])-1]}
+			r := RuleResult{Rule: rp.kind, Family: fam}
+			r.NsPerPacket, r.NsMin, r.NsMax = spread(ns[i])
 			if rp.kind == RuleDrop {
 				drop = r.NsPerPacket
 			}
@@ -105,6 +89,14 @@ type ScaleResult struct {
 	LoadSeconds float64 `json:"load_seconds"` // compile and load the policy
 	KernelBytes uint64  `json:"kernel_bytes"` // the rules and the classifier's maps
 	TreeWords   int     `json:"tree_words"`
+}
+
+// runProgress says which run of a family's is under way.
+func runProgress(progress func(string), fam, runs int) func(int) {
+	if progress == nil {
+		return nil
+	}
+	return func(run int) { progress(fmt.Sprintf("IPv%d: run %d/%d", fam, run+1, runs)) }
 }
 
 // scaleLists are the source lists the scale policies' rules spread over.
@@ -157,13 +149,8 @@ func scaleFrame(n, fam int, match bool) []byte {
 func Scale(counts []int, families []int, repeat, runs int, progress func(string)) ([]ScaleResult, error) {
 	var out []ScaleResult
 	for _, fam := range families {
-		type subject struct {
-			res   ScaleResult
-			prog  *ebpf.Program
-			frame []byte
-			want  uint32
-		}
-		var subjects []*subject
+		var trials []trial
+		var results []ScaleResult
 		for _, n := range counts {
 			if progress != nil {
 				progress(fmt.Sprintf("IPv%d: compiling and loading %d rules", fam, n))
@@ -181,35 +168,22 @@ func Scale(counts []int, families []int, repeat, runs int, progress func(string)
 			defer objs.Close()
 			took := time.Since(start).Seconds()
 			for _, match := range []bool{false, true} {
-				s := &subject{prog: objs.Program(datapath.KindXDP), frame: scaleFrame(n, fam, match), want: 2 /* XDP_PASS */}
-				s.res = ScaleResult{Rules: n, Family: fam, Frame: "no-match", LoadSeconds: took, KernelBytes: img.KernelBytes(), TreeWords: len(img.Tree)}
+				r := ScaleResult{Rules: n, Family: fam, Frame: "no-match", LoadSeconds: took, KernelBytes: img.KernelBytes(), TreeWords: len(img.Tree)}
+				want := uint32(xdpPass)
 				if match {
-					s.res.Frame, s.want = "last-rule", 1 // XDP_DROP
+					r.Frame, want = "last-rule", xdpDrop
 				}
-				subjects = append(subjects, s)
+				results = append(results, r)
+				trials = append(trials, trial{fmt.Sprintf("%d rules, %s frame", n, r.Frame), objs.Program(datapath.KindXDP), scaleFrame(n, fam, match), want})
 			}
 		}
-		ns := make([][]float64, len(subjects))
-		for run := range runs {
-			if progress != nil {
-				progress(fmt.Sprintf("IPv%d: run %d/%d", fam, run+1, runs))
-			}
-			for i, s := range subjects {
-				ret, d, err := s.prog.Benchmark(s.frame, repeat, nil)
-				if err == nil && ret != s.want {
-					err = fmt.Errorf("program returned %d, not %d", ret, s.want)
-				}
-				if err != nil {
-					return nil, fmt.Errorf("%d rules, %s frame: %w", s.res.Rules, s.res.Frame, err)
-				}
-				ns[i] = append(ns[i], float64(d.Nanoseconds()))
-			}
+		ns, err := interleave(trials, repeat, runs, runProgress(progress, fam, runs))
+		if err != nil {
+			return nil, err
 		}
 		fewest := map[string]float64{}
-		for i, s := range subjects {
-			slices.Sort(ns[i])
-			r := s.res
-			r.NsPerPacket, r.NsMin, r.NsMax = ns[i][len(ns[i])/2], ns[i][0], ns[i][len(ns[i])-1]
+		for i, r := range results {
+			r.NsPerPacket, r.NsMin, r.NsMax = spread(ns[i])
 			if _, ok := fewest[r.Frame]; !ok {
 				fewest[r.Frame] = r.NsPerPacket
 			}
