@@ -72,7 +72,7 @@ const maxCands = 1 << 24
 // ones, distinct judgements collide with probability about eqs²/2^128.
 // Eqs are numbered in the order values meet them, so the tables do not
 // depend on the keys.
-type keys [][2][2]uint64
+type keys [][2]judgement
 
 func newKeys(n int) keys {
 	var seed [32]byte
@@ -80,26 +80,35 @@ func newKeys(n int) keys {
 	rng := rand.New(rand.NewChaCha8(seed))
 	k := make(keys, n)
 	for i := range k {
-		k[i] = [2][2]uint64{{rng.Uint64(), rng.Uint64()}, {rng.Uint64(), rng.Uint64()}}
+		k[i] = [2]judgement{{rng.Uint64(), rng.Uint64()}, {rng.Uint64(), rng.Uint64()}}
 	}
 	return k
 }
 
-func (k keys) of(r int, st status) [2]uint64 {
+func (k keys) of(r int, st status) judgement {
 	return k[r][st-stMatch]
+}
+
+// judgement identifies how every entry judges a value: the XOR of the keys
+// of the entries that may match it, each with its status.
+type judgement [2]uint64
+
+func (j *judgement) add(k judgement) {
+	j[0] ^= k[0]
+	j[1] ^= k[1]
 }
 
 // eqTable numbers judgements as they are met.
 type eqTable struct {
-	ids  map[[2]uint64]uint32
+	ids  map[judgement]uint32
 	next uint32
 }
 
 func newEqTable(first uint32) *eqTable {
-	return &eqTable{ids: map[[2]uint64]uint32{}, next: first}
+	return &eqTable{ids: map[judgement]uint32{}, next: first}
 }
 
-func (t *eqTable) id(k [2]uint64) uint32 {
+func (t *eqTable) id(k judgement) uint32 {
 	id, ok := t.ids[k]
 	if !ok {
 		id = t.next
@@ -126,12 +135,10 @@ func pointField(entries []abi.Rule, k keys, tests func(r int) bool, values int, 
 	eqs = make([]uint32, values)
 	seen := map[uint32]bool{}
 	for v := range values {
-		var key [2]uint64
+		var key judgement
 		for _, r := range testers {
 			if s := st(r, v); s != stNo {
-				x := k.of(r, s)
-				key[0] ^= x[0]
-				key[1] ^= x[1]
+				key.add(k.of(r, s))
 			}
 		}
 		eq := table.id(key)
@@ -172,12 +179,10 @@ func rangeField(entries []abi.Rule, k keys, tests func(r int) bool, rng func(r i
 	// Elementary intervals: starts[i] to starts[i+1]-1 share eq ivEq[i].
 	var starts []int
 	var ivEq []uint32
-	var key [2]uint64
+	var key judgement
 	for i, at := 0, 0; at < limit; {
 		for ; i < len(events) && events[i].at == at; i++ {
-			x := k.of(events[i].r, stMatch)
-			key[0] ^= x[0]
-			key[1] ^= x[1]
+			key.add(k.of(events[i].r, stMatch))
 		}
 		end := limit
 		if i < len(events) {
@@ -213,12 +218,10 @@ func rangeField(entries []abi.Rule, k keys, tests func(r int) bool, rng func(r i
 		f.unsplit = total > maxCands
 	}
 	for j, s := range special {
-		var key [2]uint64
+		var key judgement
 		for r := range entries {
 			if f.cands[r] != nil && s != stNo {
-				x := k.of(r, s)
-				key[0] ^= x[0]
-				key[1] ^= x[1]
+				key.add(k.of(r, s))
 			}
 		}
 		known := table.next
@@ -346,9 +349,7 @@ func groups(entries []abi.Rule) [][]int {
 	for r, e := range entries {
 		g := 2
 		switch {
-		case len(entries) <= LeafMax:
-			g = 0
-		case e.Match&abi.MatchDst != 0:
+		case e.Match&abi.MatchDst != 0 || len(entries) <= LeafMax:
 			g = 0
 		case e.Match&abi.MatchSrc != 0:
 			g = 1

@@ -28,6 +28,28 @@ func walk(c *Classifier, eq func(field uint32) uint32) [][]uint32 {
 	return leaves
 }
 
+// frameEqs is the eq of each field for a frame of 60 bytes with these
+// values (indexes of the fields' value tables) and source eq.
+func frameEqs(c *Classifier, src uint32, proto, sport, dport, flags int) func(uint32) uint32 {
+	return func(f uint32) uint32 {
+		switch f {
+		case abi.FieldSrc:
+			return src
+		case abi.FieldProto:
+			return c.FieldEqs[abi.BaseProto+proto]
+		case abi.FieldSport:
+			return c.FieldEqs[abi.BaseSport+sport]
+		case abi.FieldDport:
+			return c.FieldEqs[abi.BaseDport+dport]
+		case abi.FieldFlags:
+			return c.FieldEqs[abi.BaseFlags+flags]
+		case abi.FieldLength:
+			return c.FieldEqs[abi.BaseLength+60]
+		}
+		return 0
+	}
+}
+
 // feed is n rules as a FlowSpec feed sends them: a source list each (of
 // 32), UDP and a destination port of its own.
 func feed(t testing.TB, n int) *Image {
@@ -67,23 +89,11 @@ func TestClassifierLeavesStaySmall(t *testing.T) {
 		}
 	}
 	eqOf := func(dport, proto int) func(uint32) uint32 {
-		return func(f uint32) uint32 {
-			switch f {
-			case abi.FieldSrc:
-				return c.ClassEqs[cls].Src
-			case abi.FieldProto:
-				return c.FieldEqs[abi.BaseProto+proto]
-			case abi.FieldDport:
-				return c.FieldEqs[abi.BaseDport+dport]
-			case abi.FieldSport:
-				return c.FieldEqs[abi.BaseSport+1000]
-			case abi.FieldLength:
-				return c.FieldEqs[abi.BaseLength+60]
-			case abi.FieldFlags:
-				return c.FieldEqs[abi.BaseFlags+abi.ValueNoFlags]
-			}
-			return 0
+		flags := abi.ValueNoFlags
+		if proto == abi.ValueUnknownProto {
+			flags = abi.ValueUnknownFlags
 		}
+		return frameEqs(c, c.ClassEqs[cls].Src, proto, 1000, dport, flags)
 	}
 	for _, frame := range []struct {
 		name         string
@@ -151,17 +161,7 @@ func firstMatch(entries []abi.Rule, sport, dport int) int {
 
 // leavesHold says whether the leaves a frame reaches hold entry want.
 func leavesHold(c *Classifier, sport, dport, want int) bool {
-	leaves := walk(c, func(f uint32) uint32 {
-		switch f {
-		case abi.FieldSport:
-			return c.FieldEqs[abi.BaseSport+sport]
-		case abi.FieldDport:
-			return c.FieldEqs[abi.BaseDport+dport]
-		case abi.FieldProto:
-			return c.FieldEqs[abi.BaseProto+6]
-		}
-		return 0
-	})
+	leaves := walk(c, frameEqs(c, 0, 6, sport, dport, abi.ValueUnknownFlags))
 	for _, leaf := range leaves {
 		for _, e := range leaf {
 			if int(e) == want {
