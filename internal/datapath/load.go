@@ -300,7 +300,7 @@ func sumPerCPU[T any](m *ebpf.Map, n int, add func(*T, T)) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	const batch = 4096
+	batch := min(4096, max(1, n))
 	keys := make([]uint32, batch)
 	vals := make([]T, batch*cpus)
 	var cursor ebpf.MapBatchCursor
@@ -329,15 +329,11 @@ func (o *Objects) TablesMemlock() uint64 { return o.tables().Memlock() }
 
 // SumPerCPU adds up slot 0 of a per-CPU array of u64 counters.
 func SumPerCPU(m *ebpf.Map) (uint64, error) {
-	var percpu []uint64
-	if err := m.Lookup(uint32(0), &percpu); err != nil {
+	sum, err := sumPerCPU(m, 1, func(to *uint64, v uint64) { *to += v })
+	if err != nil || len(sum) == 0 {
 		return 0, err
 	}
-	var n uint64
-	for _, v := range percpu {
-		n += v
-	}
-	return n, nil
+	return sum[0], nil
 }
 
 // PinnedPrograms returns the IDs of the programs pinned in dir (a

@@ -10,7 +10,6 @@ import (
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
-	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
 // BenchmarkLiveEntries compares, per packet, 100,000 listed addresses
@@ -19,7 +18,6 @@ import (
 //
 //	go test -run '^$' -bench LiveEntries ./internal/datapath/
 func BenchmarkLiveEntries(b *testing.B) {
-	testutil.Privileged(b)
 	rng := rand.New(rand.NewPCG(1, 2))
 	var addrs []string
 	var ops []policy.ListOp
@@ -28,19 +26,10 @@ func BenchmarkLiveEntries(b *testing.B) {
 		addrs = append(addrs, a.String())
 		ops = append(ops, policy.ListOp{List: "ban", Prefix: netip.PrefixFrom(a, 32), Add: true})
 	}
-	load := func(prefixes string) *datapath.Objects {
-		pol, err := policy.Parse("p.yaml", []byte("lists:\n  ban: {prefixes: ["+prefixes+"]}\nrules:\n  - {name: r, src: ban, action: drop}\n"))
-		if err != nil {
-			b.Fatal(err)
-		}
-		o, err := datapath.Load(compile.Build(pol))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { o.Close() })
-		return o
+	list := func(prefixes string) *datapath.Objects {
+		return load(b, datapath.KindXDP, "lists:\n  ban: {prefixes: ["+prefixes+"]}\nrules:\n  - {name: r, src: ban, action: drop}\n").objs
 	}
-	compiled, live := load(strings.Join(addrs, ", ")), load("192.0.2.1")
+	compiled, live := list(strings.Join(addrs, ", ")), list("192.0.2.1")
 	v4, v6 := compile.Overlay(map[string]uint64{"ban": 1}, ops)
 	if err := live.ReplaceOverlay(v4, v6); err != nil {
 		b.Fatal(err)
