@@ -222,7 +222,6 @@ func TestDetachClean(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
 	pol := writeFile(t, "p.yaml", fmt.Sprintf(e2ePolicy, p.A4, p.A6))
-	testutil.WaitCarrier(t, p.NsB, p.IfB) // a slow guest may still be raising it
 	before := testutil.Run(t, "ip", "-n", p.NsB, "-d", "link", "show", p.IfB)
 	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
 	mustRampart(t, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB, "--egress")

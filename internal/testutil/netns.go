@@ -87,6 +87,10 @@ func (p *Pair) wire(t testing.TB) {
 		Run(t, "ip", "-n", side.ns, "link", "set", side.ifc, "up")
 		Run(t, "ip", "-n", side.ns, "link", "set", "lo", "up")
 	}
+	// What a test reads of a link must not change by itself under it: a
+	// slow guest is still raising the carrier when the commands return.
+	waitCarrier(t, p.NsA, p.IfA)
+	waitCarrier(t, p.NsB, p.IfB)
 	// Permanent neighbours, so that no ARP or ND races the first packets.
 	macA, macB := mac(t, p.NsA, p.IfA), mac(t, p.NsB, p.IfB)
 	for _, n := range []struct{ ns, ifc, ip, mac string }{
@@ -300,10 +304,9 @@ func MAC(t testing.TB, ns, ifc string) net.HardwareAddr {
 	return m
 }
 
-// WaitCarrier waits until an interface of ns has its carrier (a veth: once
-// its peer is up too), so that what is read of it next does not change by
-// itself under the test.
-func WaitCarrier(t testing.TB, ns, ifc string) {
+// waitCarrier waits until an interface of ns has its carrier (a veth: once
+// its peer is up too).
+func waitCarrier(t testing.TB, ns, ifc string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		out := Run(t, "ip", "-n", ns, "link", "show", ifc)
