@@ -303,6 +303,8 @@ struct overlay_lengths {
 	__u64 bits[3]; /* bit i: prefixes of length i (0 to 128) are present */
 };
 
+/* A prefix as the kernel's LPM tries take it (the benchmarks' trie); the
+ * overlay's hash tables key on it too, the address masked to the length. */
 struct lpm_v4_key {
 	__u32 prefixlen;
 	__u8 addr[4];
