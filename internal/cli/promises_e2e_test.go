@@ -191,6 +191,26 @@ func TestNetnsGone(t *testing.T) {
 	if _, err := rampart(t, "--netns", p.NsB, "status"); err == nil {
 		t.Error("--netns of a namespace that is gone and holds nothing was accepted")
 	}
+
+	// A namespace mid-deletion: `ip netns delete` unmounts it before it
+	// unlinks the name, leaving an empty file that opens but cannot be
+	// entered. Reports that cover every namespace pass it by (status once
+	// failed with "enter network namespace …: invalid argument" when
+	// another namespace was deleted while it ran).
+	dying := "/run/netns/" + p.NsB + "-dying"
+	if err := os.WriteFile(dying, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dying) })
+	jsonOf(t, &st, "status")
+	for _, h := range st.Hooks {
+		if h.Netns == filepath.Base(dying) {
+			t.Errorf("status lists the dying namespace: %+v", h)
+		}
+	}
+	if _, err := rampart(t, "--netns", filepath.Base(dying), "status"); err == nil || !strings.Contains(err.Error(), "no such network namespace") {
+		t.Errorf("--netns of a namespace being deleted: %v, want \"no such network namespace\"", err)
+	}
 }
 
 // TestUnpinnedPrograms: with bpffs mounted again over the pin root, the

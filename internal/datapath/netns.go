@@ -1,14 +1,46 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"runtime"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 var errNotExist = fs.ErrNotExist
+
+// ErrNetnsGone: the namespace's name does not exist, or no longer names a
+// namespace. `ip netns delete` unmounts the namespace before it unlinks the
+// name, so for a moment /run/netns/NAME is an empty file that opens but
+// cannot be entered (setns says EINVAL).
+var ErrNetnsGone = errors.New("no such network namespace")
+
+// openNetns opens a named network namespace, refusing a name that is gone
+// or being deleted with ErrNetnsGone.
+func openNetns(name string) (netns.NsHandle, error) {
+	h, err := netns.GetFromName(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		err = ErrNetnsGone
+	}
+	if err == nil {
+		var st unix.Statfs_t
+		if serr := unix.Fstatfs(int(h), &st); serr != nil {
+			err = serr
+		} else if st.Type != unix.NSFS_MAGIC {
+			err = ErrNetnsGone
+		}
+		if err != nil {
+			h.Close()
+		}
+	}
+	if err != nil {
+		return netns.None(), fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+	}
+	return h, nil
+}
 
 // InNetns runs fn on a thread switched into the named network namespace
 // ("" is the caller's), the way `ip -n` does: interface indexes, netlink and
@@ -18,9 +50,9 @@ func InNetns(name string, fn func() error) error {
 	if name == "" {
 		return fn()
 	}
-	target, err := netns.GetFromName(name)
+	target, err := openNetns(name)
 	if err != nil {
-		return fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+		return err
 	}
 	defer target.Close()
 
@@ -54,9 +86,9 @@ func NetnsExists(name string) error {
 	if name == "" {
 		return nil
 	}
-	h, err := netns.GetFromName(name)
+	h, err := openNetns(name)
 	if err != nil {
-		return fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+		return err
 	}
 	return h.Close()
 }
@@ -93,9 +125,9 @@ func inScratchNetns(fn func() error) error {
 // InsideNetns reports whether the calling thread is in the named network
 // namespace already (the same inode as /run/netns/NAME).
 func InsideNetns(name string) (bool, error) {
-	target, err := netns.GetFromName(name)
+	target, err := openNetns(name)
 	if err != nil {
-		return false, fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+		return false, err
 	}
 	defer target.Close()
 	self, err := netns.Get()

@@ -329,6 +329,9 @@ func (fw *Firewall) Program(h Hook) (*ebpf.Program, error) {
 // source reaches its socket.
 func (fw *Firewall) UnfilteredTunnels() ([]string, error) {
 	tunnels, err := datapath.Tunnels(fw.netns)
+	if errors.Is(err, datapath.ErrNetnsGone) {
+		return nil, nil // deleted while we looked: it decapsulates nothing
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -359,10 +362,10 @@ type UnpinnedHook struct {
 // pin root mounted over (bpffs mounted twice), deleted, or another root's.
 // They filter, yet no hook of this root reports or removes them.
 func (fw *Firewall) Unpinned() ([]UnpinnedHook, error) {
-	if fw.netnsGone() {
-		return nil, nil
-	}
 	running, err := datapath.KernelHooks(fw.netns)
+	if errors.Is(err, datapath.ErrNetnsGone) {
+		return nil, nil // gone, or deleted while we looked: it runs nothing
+	}
 	if err != nil {
 		return nil, err
 	}
