@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -155,7 +155,7 @@ func TestForeignXDP(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prog.Close()
-	if err := datapath.InNetns(p.NsB, func() error {
+	if err := netns.Run(p.NsB, func() error {
 		l, err := netlink.LinkByName(p.IfB)
 		if err != nil {
 			return err

@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/rampart-fw/rampart/internal/cli"
-	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/diagnose"
 	"github.com/rampart-fw/rampart/internal/lab"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -195,7 +195,7 @@ func TestDiagnoseQdiscDrops(t *testing.T) {
 	testutil.Run(t, "tc", "-n", p.NsA, "qdisc", "add", "dev", p.IfA, "root", "handle", "20:", "tbf", "rate", "1mbit", "burst", "2k", "limit", "3000")
 	var fd int
 	var ifindex int
-	if err := datapath.InNetns(p.NsA, func() (err error) {
+	if err := netns.Run(p.NsA, func() (err error) {
 		i, err := net.InterfaceByName(p.IfA)
 		if err != nil {
 			return err
@@ -296,7 +296,7 @@ func TestDiagnoseListenOverflow(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
 	var fd int
-	if err := datapath.InNetns(p.NsB, func() (err error) {
+	if err := netns.Run(p.NsB, func() (err error) {
 		if fd, err = syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0); err != nil {
 			return err
 		}

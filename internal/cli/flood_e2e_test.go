@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -123,7 +124,7 @@ func TestSyncookieConnections(t *testing.T) {
 // synFlood sends SYNs from random IPv4 sources to port 9010 from A's
 // interface until stop.
 func synFlood(t *testing.T, p *testutil.Pair, stop chan struct{}, sent *atomic.Int64) {
-	err := datapath.InNetns(p.NsA, func() error {
+	err := netns.Run(p.NsA, func() error {
 		fd, ifindex, err := packetSocket(p.IfA)
 		if err != nil {
 			return err
@@ -154,7 +155,7 @@ func synFlood(t *testing.T, p *testutil.Pair, stop chan struct{}, sent *atomic.I
 // forgedACK sends an ACK to the listener whose cookie is made up.
 func forgedACK(t *testing.T, p *testutil.Pair) {
 	t.Helper()
-	err := datapath.InNetns(p.NsA, func() error {
+	err := netns.Run(p.NsA, func() error {
 		fd, ifindex, err := packetSocket(p.IfA)
 		if err != nil {
 			return err
@@ -182,7 +183,7 @@ func packetSocket(ifc string) (int, int, error) {
 
 func macOf(ns, ifc string) net.HardwareAddr {
 	var m net.HardwareAddr
-	datapath.InNetns(ns, func() error {
+	netns.Run(ns, func() error {
 		i, err := net.InterfaceByName(ifc)
 		if err == nil {
 			m = i.HardwareAddr

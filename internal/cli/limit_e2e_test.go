@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -70,7 +70,7 @@ func blast(t *testing.T, p *testutil.Pair, src sources, port uint16, d time.Dura
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := datapath.InNetns(p.NsA, func() error {
+			err := netns.Run(p.NsA, func() error {
 				var set unix.CPUSet
 				set.Set(cpu)
 				if err := unix.SchedSetaffinity(0, &set); err != nil {
@@ -205,7 +205,7 @@ func TestLimitKeepsSourcesUnderAFlood(t *testing.T) {
 	}()
 	time.Sleep(100 * time.Millisecond)
 	sent := 0
-	err := datapath.InNetns(p.NsA, func() error {
+	err := netns.Run(p.NsA, func() error {
 		fd, ifindex, err := packetSocket(p.IfA)
 		if err != nil {
 			return err

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -223,7 +223,7 @@ func startReceivers(t *testing.T, ns string) *receivers {
 	rx := &receivers{delivered: map[uint32]bool{}, done: make(chan struct{})}
 	open := func(family, typ, proto int, port int) {
 		var fd int
-		err := datapath.InNetns(ns, func() (err error) {
+		err := netns.Run(ns, func() (err error) {
 			fd, err = unix.Socket(family, typ|unix.SOCK_CLOEXEC, proto)
 			if err != nil {
 				return err
@@ -345,7 +345,7 @@ func (rx *receivers) read(fd, family, typ, proto, port int) {
 func send(t *testing.T, p *testutil.Pair, ds []oracleDatagram, count *int) {
 	t.Helper()
 	var fd, ifindex int
-	err := datapath.InNetns(p.NsA, func() error {
+	err := netns.Run(p.NsA, func() error {
 		ifc, err := net.InterfaceByName(p.IfA)
 		if err != nil {
 			return err

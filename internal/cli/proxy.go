@@ -14,7 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/proxy"
 	"github.com/rampart-fw/rampart/internal/unixhttp"
@@ -179,10 +179,10 @@ func execInNetns(name string) error {
 	if name == "" {
 		return nil
 	}
-	if inside, err := datapath.InsideNetns(name); err != nil || inside {
+	if inside, err := netns.Inside(name); err != nil || inside {
 		return err
 	}
-	err := datapath.InNetns(name, func() error { return syscall.Exec("/proc/self/exe", os.Args, os.Environ()) })
+	err := netns.Run(name, func() error { return syscall.Exec("/proc/self/exe", os.Args, os.Environ()) })
 	// Still here: the exec failed.
 	return fmt.Errorf("start again in network namespace %q: %w", name, err)
 }

@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/proxy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -135,7 +135,7 @@ http {
 	peers := map[string]bool{}
 	for _, a := range []string{"10.81.2.2:5353", "[fd81:2::2]:5353"} {
 		var pc net.PacketConn
-		if err := datapath.InNetns(l.backend, func() (err error) { pc, err = net.ListenPacket("udp", a); return err }); err != nil {
+		if err := netns.Run(l.backend, func() (err error) { pc, err = net.ListenPacket("udp", a); return err }); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })
@@ -262,7 +262,7 @@ http {
 
 func httpGet(ns, url string) (string, error) {
 	c := http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true, Dial: func(network, addr string) (conn net.Conn, err error) {
-		err = datapath.InNetns(ns, func() (err error) { conn, err = net.Dial(network, addr); return err })
+		err = netns.Run(ns, func() (err error) { conn, err = net.Dial(network, addr); return err })
 		return conn, err
 	}}}
 	resp, err := c.Get(url)
@@ -276,7 +276,7 @@ func httpGet(ns, url string) (string, error) {
 
 func udpEcho(ns, addr, msg string) (string, error) {
 	var c net.Conn
-	if err := datapath.InNetns(ns, func() (err error) { c, err = net.Dial("udp", addr); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { c, err = net.Dial("udp", addr); return err }); err != nil {
 		return "", err
 	}
 	defer c.Close()
@@ -302,7 +302,7 @@ func openFDs(t *testing.T, pid int) int {
 // floodUDP sends n datagrams to 10.81.1.1:5300 from random addresses of
 // the client's /24 and random ports, through a raw socket.
 func floodUDP(t *testing.T, ns string, n int) {
-	err := datapath.InNetns(ns, func() error {
+	err := netns.Run(ns, func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
 		if err != nil {
 			return err

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/proxy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -91,7 +91,7 @@ func stopProxy(t *testing.T, cmd *exec.Cmd) {
 // connecting address, as the backend sees it.
 func whoAmIServer(t *testing.T, ns, addr string) {
 	var ln net.Listener
-	if err := datapath.InNetns(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { ln, err = net.Listen("tcp", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -110,7 +110,7 @@ func whoAmIServer(t *testing.T, ns, addr string) {
 // whoAmI connects from ns to addr and returns what the backend saw.
 func whoAmI(ns, addr string) (string, error) {
 	var c net.Conn
-	if err := datapath.InNetns(ns, func() (err error) { c, err = net.DialTimeout("tcp", addr, 3*time.Second); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { c, err = net.DialTimeout("tcp", addr, 3*time.Second); return err }); err != nil {
 		return "", err
 	}
 	defer c.Close()
@@ -122,7 +122,7 @@ func whoAmI(ns, addr string) (string, error) {
 // echoServer returns every UDP datagram to addr in ns to its sender.
 func echoServer(t *testing.T, ns, addr string) {
 	var pc net.PacketConn
-	if err := datapath.InNetns(ns, func() (err error) { pc, err = net.ListenPacket("udp", addr); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { pc, err = net.ListenPacket("udp", addr); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { pc.Close() })

@@ -3,11 +3,14 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // Mode is the layer a program runs at.
@@ -74,7 +77,7 @@ func (a Attachment) String() string {
 func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bool) (Mode, string, error) {
 	var mode Mode
 	var note string
-	err := InNetns(a.Netns, func() error {
+	err := netns.Run(a.Netns, func() error {
 		ifindex, err := indexOf(a.Iface)
 		if err != nil {
 			return fmt.Errorf("interface %q: %w (list them with: ip link)", a.Iface, err)
@@ -111,7 +114,7 @@ func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bo
 		return nil
 	})
 	if err == nil {
-		err = InNetns(a.Netns, func() error { return cookieLink(a, objs, cookie && mode.Kind() == KindXDP) })
+		err = netns.Run(a.Netns, func() error { return cookieLink(a, objs, cookie && mode.Kind() == KindXDP) })
 	}
 	return mode, note, err
 }
@@ -272,10 +275,10 @@ func foreignXDP(a Attachment, ifindex int, force bool) (string, error) {
 // beside it. No link is not an error. When the namespace is gone, its
 // interfaces and their hooks went with it: the pins are removed.
 func Unlink(a Attachment) error {
-	if NetnsExists(a.Netns) != nil {
+	if netns.Exists(a.Netns) != nil {
 		return errors.Join(ignoreNotExist(os.Remove(a.LinkPin)), ignoreNotExist(os.Remove(a.cookie().LinkPin)))
 	}
-	return InNetns(a.Netns, func() error {
+	return netns.Run(a.Netns, func() error {
 		var errs []error
 		for _, hook := range []Attachment{a, a.cookie()} {
 			l, err := openHook(hook)
@@ -333,9 +336,9 @@ func ReadLink(a Attachment) (LinkState, error) {
 }
 
 // Ifindex is the index the named interface has now; 0 when there is none.
-func Ifindex(netns, iface string) (int, error) {
+func Ifindex(ns, iface string) (int, error) {
 	idx := 0
-	err := InNetns(netns, func() error {
+	err := netns.Run(ns, func() error {
 		idx, _ = indexOf(iface)
 		return nil
 	})
@@ -372,7 +375,7 @@ func openHook(a Attachment) (hookLink, error) {
 // neither when there is no pin.
 func loadPin(path string) (link.Link, *ebpf.Program, error) {
 	l, err := link.LoadPinnedLink(path, nil)
-	if err == nil || errors.Is(err, errNotExist) {
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
 		return l, nil, nil
 	}
 	prog, perr := ebpf.LoadPinnedProgram(path, nil)
@@ -392,7 +395,7 @@ func readClsact(a Attachment, pinned *ebpf.Program) (LinkState, error) {
 		return st, err
 	}
 	st.Program, _ = info.ID()
-	_ = InNetns(a.Netns, func() error {
+	_ = netns.Run(a.Netns, func() error {
 		f := openClsact(a, nil)
 		if f.ifindex == 0 {
 			return nil

@@ -9,6 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // KernelHook is a rampart program the kernel runs on an interface, found
@@ -36,9 +38,9 @@ func rampartProgram(name string) bool {
 
 // KernelHooks lists the rampart programs the kernel runs on the interfaces
 // of the namespace.
-func KernelHooks(netns string) ([]KernelHook, error) {
+func KernelHooks(ns string) ([]KernelHook, error) {
 	var out []KernelHook
-	err := InNetns(netns, func() error {
+	err := netns.Run(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err

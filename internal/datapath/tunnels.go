@@ -4,6 +4,8 @@ import (
 	"slices"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // tunnelKinds are the link kinds that decapsulate: a packet arrives on the
@@ -19,9 +21,9 @@ type Tunnel struct {
 }
 
 // Tunnels lists the tunnel devices of the namespace.
-func Tunnels(netns string) ([]Tunnel, error) {
+func Tunnels(ns string) ([]Tunnel, error) {
 	var out []Tunnel
-	err := InNetns(netns, func() error {
+	err := netns.Run(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err

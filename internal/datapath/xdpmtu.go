@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // xdpMTUError explains a native XDP attach the driver refused with ERANGE:
@@ -71,7 +73,7 @@ func trivialXDP() (*ebpf.Program, error) {
 // found on a scratch pair in a namespace of its own; 0 when it cannot be.
 func vethXDPMTU() int {
 	largest := 0
-	_ = inScratchNetns(func() error {
+	_ = netns.RunScratch(func() error {
 		la := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "probe0"}, PeerName: "probe1"}
 		if err := netlink.LinkAdd(la); err != nil {
 			return err

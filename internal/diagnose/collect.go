@@ -15,8 +15,9 @@ import (
 	"github.com/safchain/ethtool"
 	"github.com/vishvananda/netlink"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/netns"
+	"github.com/rampart-fw/rampart/internal/snmp"
 )
 
 // Snapshot is everything diagnose reads, at one instant. Counters only grow
@@ -84,17 +85,12 @@ var sysctls = []string{
 func Collect(o Options) (*Snapshot, error) {
 	s := &Snapshot{Counters: Counters{}, Gauges: Counters{}, Sysctl: map[string]uint64{}, Rules: map[string]Rule{}}
 	miss := func(what string, err error) { s.Missing = append(s.Missing, fmt.Sprintf("%s: %v", what, err)) }
-	err := datapath.InNetns(o.Netns, func() error {
+	err := netns.Run(o.Netns, func() error {
 		s.Time = time.Now()
 		// thread-self: the namespace of this (locked) thread, not of the
 		// process's first thread as /proc/self/net would give.
-		for _, f := range []string{"snmp", "netstat"} {
-			if err := readInto("/proc/thread-self/net/"+f, s.Counters, ParseSNMP); err != nil {
-				miss(f, err)
-			}
-		}
-		if err := readInto("/proc/thread-self/net/snmp6", s.Counters, ParseSNMP6); err != nil && !os.IsNotExist(err) {
-			miss("snmp6", err)
+		if err := snmp.ReadThread(s.Counters); err != nil {
+			miss("protocol counters", err)
 		}
 		if f, err := os.Open("/proc/thread-self/net/softnet_stat"); err != nil {
 			miss("softnet_stat", err)
@@ -142,18 +138,6 @@ func (s *Snapshot) missing(source string) bool {
 		}
 	}
 	return false
-}
-
-func readInto(path string, into Counters, parse func(io.Reader, Counters) error) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := parse(f, into); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
-	}
-	return nil
 }
 
 func (s *Snapshot) collectLinks(only string, miss func(string, error)) {

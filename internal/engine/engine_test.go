@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -191,7 +192,7 @@ func TestApplyAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer prog.Close()
-	if err := datapath.InNetns(p.NsB, func() error {
+	if err := netns.Run(p.NsB, func() error {
 		l, err := netlink.LinkByName("second")
 		if err != nil {
 			return err
@@ -377,7 +378,7 @@ func recreate(t *testing.T, p *testutil.Pair) {
 
 func mac(t *testing.T, ns, ifc string) string {
 	var m string
-	datapath.InNetns(ns, func() error {
+	netns.Run(ns, func() error {
 		i, err := net.InterfaceByName(ifc)
 		if err == nil {
 			m = i.HardwareAddr.String()

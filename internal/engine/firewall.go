@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // Where rampart keeps what outlives a command by default: objects pinned in
@@ -67,7 +67,7 @@ func New(opt Options) (*Firewall, error) {
 	}
 	// A namespace that is gone while rampart still holds pins or state for
 	// it can be reported and detached; any other must exist.
-	if err := datapath.NetnsExists(opt.Netns); err != nil && !fw.holdsAnything() {
+	if err := netns.Exists(opt.Netns); err != nil && !fw.holdsAnything() {
 		return nil, err
 	}
 	return fw, nil
@@ -86,7 +86,7 @@ func (fw *Firewall) holdsAnything() bool {
 
 // netnsGone reports whether the firewall's namespace no longer exists.
 func (fw *Firewall) netnsGone() bool {
-	return fw.netns != "" && datapath.NetnsExists(fw.netns) != nil
+	return fw.netns != "" && netns.Exists(fw.netns) != nil
 }
 
 // All opens a firewall for every namespace rampart holds something for under

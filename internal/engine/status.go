@@ -10,6 +10,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/stats"
 )
 
@@ -329,7 +330,7 @@ func (fw *Firewall) Program(h Hook) (*ebpf.Program, error) {
 // source reaches its socket.
 func (fw *Firewall) UnfilteredTunnels() ([]string, error) {
 	tunnels, err := datapath.Tunnels(fw.netns)
-	if errors.Is(err, datapath.ErrNetnsGone) {
+	if errors.Is(err, netns.ErrGone) {
 		return nil, nil // deleted while we looked: it decapsulates nothing
 	}
 	if err != nil {
@@ -363,7 +364,7 @@ type UnpinnedHook struct {
 // They filter, yet no hook of this root reports or removes them.
 func (fw *Firewall) Unpinned() ([]UnpinnedHook, error) {
 	running, err := datapath.KernelHooks(fw.netns)
-	if errors.Is(err, datapath.ErrNetnsGone) {
+	if errors.Is(err, netns.ErrGone) {
 		return nil, nil // gone, or deleted while we looked: it runs nothing
 	}
 	if err != nil {
@@ -408,7 +409,7 @@ func (fw *Firewall) DetachUnpinned() ([]UnpinnedHook, error) {
 	var done []UnpinnedHook
 	var errs []error
 	for _, k := range found {
-		if err := datapath.InNetns(fw.netns, k.Remove); err != nil {
+		if err := netns.Run(fw.netns, k.Remove); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", k, err))
 			continue
 		}

@@ -15,7 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/vishvananda/netns"
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // Options configure `rampart lab drop`.
@@ -361,7 +361,7 @@ type ifaceCounter struct {
 }
 
 func rxCounter(t *topology) (*ifaceCounter, error) {
-	ns, err := netns.GetFromName(t.rxNs)
+	ns, err := netns.Open(t.rxNs)
 	if err != nil {
 		return nil, err
 	}

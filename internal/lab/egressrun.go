@@ -21,7 +21,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // measureEgress runs one method at one size once: a fresh topology, the
@@ -120,13 +120,13 @@ func destinations(o EgressOptions) []netip.Addr {
 // proves nothing).
 func (r *egressRow) checkFilter(unfiltered bool) error {
 	var got int
-	err := datapath.InNetns(r.topo.rxNs, func() error {
+	err := netns.Run(r.topo.rxNs, func() error {
 		c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: probePort})
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		if err := datapath.InNetns(r.topo.genNs, func() error {
+		if err := netns.Run(r.topo.genNs, func() error {
 			s, err := net.DialUDP("udp4", nil, net.UDPAddrFromAddrPort(netip.AddrPortFrom(probeAddr, probePort)))
 			if err != nil {
 				return err
@@ -227,7 +227,7 @@ func (r *egressRow) sendUDP(ctx context.Context, o EgressOptions, clientCPU, siz
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- datapath.InNetns(r.topo.genNs, func() error {
+		done <- netns.Run(r.topo.genNs, func() error {
 			if err := pinThread(0, clientCPU); err != nil {
 				return err
 			}
@@ -399,7 +399,7 @@ func setupEgressTCLPM(r *egressRow) error {
 			return fmt.Errorf("LPM trie, prefix %d: %w", i, err)
 		}
 	}
-	return datapath.InNetns(r.topo.genNs, func() error {
+	return netns.Run(r.topo.genNs, func() error {
 		q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: r.topo.genIndex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
 		if err := netlink.QdiscAdd(q); err != nil {
 			return fmt.Errorf("add clsact: %w", err)

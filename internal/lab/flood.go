@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/stats"
 )
 
@@ -507,7 +508,7 @@ func (r *floodRow) kernelDrops() (uint64, error) {
 // netstat reads one of the receiving namespace's protocol counters.
 func (r *floodRow) netstat(group, name string) (uint64, error) {
 	var n uint64
-	err := datapath.InNetns(r.topo.rxNs, func() error {
+	err := netns.Run(r.topo.rxNs, func() error {
 		var err error
 		n, err = readNetstat(group, name)
 		return err

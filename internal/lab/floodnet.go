@@ -20,8 +20,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/diagnose"
+	"github.com/rampart-fw/rampart/internal/netns"
+	"github.com/rampart-fw/rampart/internal/snmp"
 )
 
 // clients is the legitimate clients' namespace, behind the generator's.
@@ -88,7 +88,7 @@ func addClients(t *topology, objs *labObjects, genCPU int) (c *clients, err erro
 			return c, err
 		}
 	}
-	if err := datapath.InNetns(t.genNs, func() (err error) {
+	if err := netns.Run(t.genNs, func() (err error) {
 		c.sink, err = link.AttachXDP(link.XDPOptions{Program: objs.LabSink, Interface: t.genIndex, Flags: link.XDPDriverMode})
 		return err
 	}); err != nil {
@@ -147,7 +147,7 @@ func startServers(t *topology, family int) (*servers, error) {
 		addr = rxAddr6
 	}
 	s := &servers{}
-	err := datapath.InNetns(t.rxNs, func() (err error) {
+	err := netns.Run(t.rxNs, func() (err error) {
 		// Plain TCP: Go's listeners are MPTCP by default, and the kernel
 		// takes no request socket made from a SYN cookie for MPTCP.
 		var lc net.ListenConfig
@@ -320,7 +320,7 @@ func errorKind(err error) string {
 func tcpRequest(ns string, src, dst netip.Addr, id int) error {
 	deadline := time.Now().Add(legitTimeout)
 	var c net.Conn
-	if err := datapath.InNetns(ns, func() (err error) {
+	if err := netns.Run(ns, func() (err error) {
 		d := net.Dialer{Deadline: deadline, LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(src, 0))}
 		d.SetMultipathTCP(false)
 		c, err = d.Dial("tcp", netip.AddrPortFrom(dst, tcpPort).String())
@@ -336,7 +336,7 @@ func tcpRequest(ns string, src, dst netip.Addr, id int) error {
 func udpRequest(ns string, src, dst netip.Addr, id int) error {
 	deadline := time.Now().Add(legitTimeout)
 	var c *net.UDPConn
-	if err := datapath.InNetns(ns, func() (err error) {
+	if err := netns.Run(ns, func() (err error) {
 		c, err = net.DialUDP("udp", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)), net.UDPAddrFromAddrPort(netip.AddrPortFrom(dst, udpPort)))
 		return err
 	}); err != nil {
@@ -366,23 +366,7 @@ func exchange(c net.Conn, deadline time.Time, id int) error {
 // readNetstat reads one protocol counter of the calling thread's network
 // namespace (nstat's names: TcpExt + ListenDrops, Udp6 + InErrors).
 func readNetstat(group, name string) (uint64, error) {
-	c := diagnose.Counters{}
-	for _, f := range []string{"snmp", "netstat", "snmp6"} {
-		// thread-self: /proc/self/net is the namespace of the process's
-		// first thread, not of this one.
-		fh, err := os.Open("/proc/thread-self/net/" + f)
-		if err != nil {
-			return 0, err
-		}
-		if f == "snmp6" {
-			err = diagnose.ParseSNMP6(fh, c)
-		} else {
-			err = diagnose.ParseSNMP(fh, c)
-		}
-		fh.Close()
-		if err != nil {
-			return 0, fmt.Errorf("/proc/net/%s: %w", f, err)
-		}
-	}
-	return c[group+name], nil
+	c := snmp.Counters{}
+	err := snmp.ReadThread(c)
+	return c[group+name], err
 }

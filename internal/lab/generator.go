@@ -11,8 +11,9 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/netns"
 
 	"github.com/rampart-fw/rampart/internal/packet"
 )
@@ -179,14 +180,8 @@ func startGenerator(objs *labObjects, t *topology, frame []byte, cpu int) *gener
 			g.err = fmt.Errorf("pin the generator to CPU %d: %w", cpu, err)
 			return
 		}
-		ns, err := netns.GetFromName(t.genNs)
-		if err != nil {
+		if err := netns.Enter(t.genNs); err != nil {
 			g.err = err
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			g.err = fmt.Errorf("enter %s: %w", t.genNs, err)
 			return
 		}
 		opts := &ebpf.RunOptions{Data: frame, Repeat: runChunk, Flags: unix.BPF_F_TEST_XDP_LIVE_FRAMES, BatchSize: batchSize}

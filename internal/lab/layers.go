@@ -21,6 +21,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/stats"
 )
@@ -181,7 +182,7 @@ func setupApp(conntrack bool) func(r *row) (*active, error) {
 // listen opens the flood's UDP socket in the receiving namespace.
 func (r *row) listen() (*net.UDPConn, error) {
 	var c *net.UDPConn
-	err := datapath.InNetns(r.topo.rxNs, func() (err error) {
+	err := netns.Run(r.topo.rxNs, func() (err error) {
 		c, err = net.ListenUDP(fmt.Sprintf("udp%d", r.family), &net.UDPAddr{IP: net.ParseIP(r.dst()), Port: floodPort})
 		return err
 	})
@@ -386,7 +387,7 @@ func parseTCDrops(out []byte) (uint64, error) {
 // setupTCBPF attaches the bare drop program as the study would have: a
 // clsact qdisc and a cls_bpf filter in direct-action mode.
 func setupTCBPF(r *row) (*active, error) {
-	err := datapath.InNetns(r.topo.rxNs, func() error {
+	err := netns.Run(r.topo.rxNs, func() error {
 		q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: r.topo.rxIndex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}
 		if err := netlink.QdiscAdd(q); err != nil {
 			return fmt.Errorf("add clsact: %w", err)
@@ -417,7 +418,7 @@ func setupXDP(mode link.XDPAttachFlags) func(r *row) (*active, error) {
 func (r *row) attachXDP(prog *ebpf.Program, mode link.XDPAttachFlags) (*active, error) {
 	var l link.Link
 	var got string
-	err := datapath.InNetns(r.topo.rxNs, func() (err error) {
+	err := netns.Run(r.topo.rxNs, func() (err error) {
 		l, err = link.AttachXDP(link.XDPOptions{Program: prog, Interface: r.topo.rxIndex, Flags: mode})
 		if err != nil {
 			return fmt.Errorf("attach XDP: %w", err)

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/proxy"
 )
 
@@ -317,7 +317,7 @@ func (t *proxyTopo) startRampart(ctx context.Context, o ProxyBenchOptions) (int,
 // to the operator).
 func (t *proxyTopo) startOther(ctx context.Context, o ProxyBenchOptions, method string) (func(), error) {
 	cfg := t.proxyConfig(o)
-	if err := datapath.InNetns(t.proxy, func() error { return proxy.NewRouting(cfg).Install() }); err != nil {
+	if err := netns.Run(t.proxy, func() error { return proxy.NewRouting(cfg).Install() }); err != nil {
 		return nil, err
 	}
 	var conf string
@@ -369,7 +369,7 @@ stream {
 	stop := stopper(cmd, log)
 	return func() {
 		stop()
-		datapath.InNetns(t.proxy, proxy.Cleanup)
+		netns.Run(t.proxy, proxy.Cleanup)
 	}, nil
 }
 

@@ -18,7 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // benchBackend is the backend's servers: iperf3, a server that answers
@@ -38,7 +38,7 @@ func (t *proxyTopo) startBackend(ctx context.Context) (*benchBackend, error) {
 	if err := b.iperf.Start(); err != nil {
 		return nil, err
 	}
-	err := datapath.InNetns(t.backend, func() (err error) {
+	err := netns.Run(t.backend, func() (err error) {
 		lc := net.ListenConfig{}
 		lc.SetMultipathTCP(false)
 		if b.ln, err = lc.Listen(ctx, "tcp4", netip.AddrPortFrom(pbBackend, pbCPSPort).String()); err != nil {
@@ -97,7 +97,7 @@ func (b *benchBackend) peerList() []netip.Addr {
 
 func (t *proxyTopo) dial(ctx context.Context, target netip.Addr, port uint16) (net.Conn, error) {
 	var c net.Conn
-	err := datapath.InNetns(t.client, func() (err error) {
+	err := netns.Run(t.client, func() (err error) {
 		d := net.Dialer{Timeout: 2 * time.Second}
 		d.SetMultipathTCP(false)
 		c, err = d.DialContext(ctx, "tcp4", netip.AddrPortFrom(target, port).String())
@@ -168,7 +168,7 @@ func (t *proxyTopo) iperf(ctx context.Context, target netip.Addr, streams int, w
 // over all of them for window, counted as they arrive at the backend.
 func (t *proxyTopo) udpSessions(ctx context.Context, target netip.Addr, o ProxyBenchOptions, b *benchBackend, pid int) (rssLow, rssHigh, pps float64, err error) {
 	var fd int
-	if err := datapath.InNetns(t.client, func() (err error) {
+	if err := netns.Run(t.client, func() (err error) {
 		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_RAW)
 		return err
 	}); err != nil {
@@ -226,7 +226,7 @@ func (t *proxyTopo) udpSessions(ctx context.Context, target netip.Addr, o ProxyB
 
 func (t *proxyTopo) backendRx() (uint64, error) {
 	var n uint64
-	err := datapath.InNetns(t.backend, func() error {
+	err := netns.Run(t.backend, func() error {
 		l, err := netlink.LinkByName("b0")
 		if err != nil {
 			return err

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // NetnsPrefix starts the name of every namespace the lab creates; with the
@@ -106,7 +106,7 @@ func newTopology(seq, rxCPU int) (t *topology, err error) {
 	}
 	// Sources are random and off-link: reverse-path filtering would drop
 	// them before any layer under test sees them.
-	if err := datapath.InNetns(t.rxNs, func() error {
+	if err := netns.Run(t.rxNs, func() error {
 		for _, k := range []string{"all", "default", t.rxIf} {
 			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+k+"/rp_filter", []byte("0"), 0); err != nil {
 				return err
@@ -116,7 +116,7 @@ func newTopology(seq, rxCPU int) (t *topology, err error) {
 	}); err != nil {
 		return t, fmt.Errorf("turn off rp_filter: %w", err)
 	}
-	if err := datapath.InNetns(t.genNs, func() error {
+	if err := netns.Run(t.genNs, func() error {
 		i, err := net.InterfaceByName(t.genIf)
 		if err == nil {
 			t.genIndex, t.genMAC = i.Index, i.HardwareAddr
@@ -125,7 +125,7 @@ func newTopology(seq, rxCPU int) (t *topology, err error) {
 	}); err != nil {
 		return t, err
 	}
-	if err := datapath.InNetns(t.rxNs, func() error {
+	if err := netns.Run(t.rxNs, func() error {
 		i, err := net.InterfaceByName(t.rxIf)
 		if err == nil {
 			t.rxIndex, t.rxMAC = i.Index, i.HardwareAddr

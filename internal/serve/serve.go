@@ -21,8 +21,9 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/rampart-fw/rampart/internal/netns"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
@@ -110,9 +111,9 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	defer close(linkDone)
 	var subOpt netlink.LinkSubscribeOptions
 	if ns := fw.Netns(); ns != "" {
-		h, err := netns.GetFromName(ns)
+		h, err := netns.Open(ns)
 		if err != nil {
-			return fmt.Errorf("namespace %s: %w", ns, err)
+			return err
 		}
 		defer h.Close()
 		subOpt.Namespace = &h

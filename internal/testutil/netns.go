@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 )
 
 // Pair is two network namespaces joined by a veth pair:
@@ -103,7 +104,7 @@ func (p *Pair) wire(t testing.TB) {
 
 func mac(t testing.TB, ns, ifc string) string {
 	var m string
-	if err := datapath.InNetns(ns, func() error {
+	if err := netns.Run(ns, func() error {
 		i, err := net.InterfaceByName(ifc)
 		if err == nil {
 			m = i.HardwareAddr.String()
@@ -130,7 +131,7 @@ func Run(t testing.TB, name string, args ...string) string {
 func Socket(t testing.TB, ns string, open func() (net.Conn, error)) net.Conn {
 	t.Helper()
 	var c net.Conn
-	if err := datapath.InNetns(ns, func() (err error) { c, err = open(); return err }); err != nil {
+	if err := netns.Run(ns, func() (err error) { c, err = open(); return err }); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
@@ -181,7 +182,7 @@ func SendUDP(t testing.TB, ns string, ip net.IP, port, count int) {
 // DialTCP connects from ns to ip:port, failing after timeout.
 func DialTCP(ns string, ip net.IP, port int, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := datapath.InNetns(ns, func() (err error) {
+	err := netns.Run(ns, func() (err error) {
 		c, err = net.DialTimeout("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(port)), timeout)
 		return err
 	})
@@ -194,7 +195,7 @@ func DialTCP(ns string, ip net.IP, port int, timeout time.Duration) (net.Conn, e
 func ListenTCP(t testing.TB, ns string, ip net.IP, port int) {
 	t.Helper()
 	var l net.Listener
-	if err := datapath.InNetns(ns, func() (err error) {
+	if err := netns.Run(ns, func() (err error) {
 		var lc net.ListenConfig
 		lc.SetMultipathTCP(false)
 		l, err = lc.Listen(context.Background(), "tcp", net.JoinHostPort(ip.String(), fmt.Sprint(port)))
@@ -231,7 +232,7 @@ func PeerXDP(t testing.TB, ns, ifc string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { prog.Close() })
-	if err := datapath.InNetns(ns, func() error {
+	if err := netns.Run(ns, func() error {
 		i, err := net.InterfaceByName(ifc)
 		if err != nil {
 			return err
@@ -269,7 +270,7 @@ func GuestNICs(t testing.TB) []string {
 // peer's NIC would put them on the wire.
 func SendRaw(t testing.TB, ns, ifc string, frames [][]byte) {
 	t.Helper()
-	err := datapath.InNetns(ns, func() error {
+	err := netns.Run(ns, func() error {
 		i, err := net.InterfaceByName(ifc)
 		if err != nil {
 			return err

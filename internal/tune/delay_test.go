@@ -16,7 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -32,7 +32,7 @@ type delayLine struct {
 func openTun(t *testing.T, ns, name string) *os.File {
 	t.Helper()
 	var f *os.File
-	if err := datapath.InNetns(ns, func() error {
+	if err := netns.Run(ns, func() error {
 		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return err
@@ -198,7 +198,7 @@ func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate,
 // returns the receiver's rate over span, after warm.
 func transfer(t *testing.T, nsA, nsB, ipB string, warm, span time.Duration) float64 {
 	var ln net.Listener
-	if err := datapath.InNetns(nsB, func() (err error) {
+	if err := netns.Run(nsB, func() (err error) {
 		ln, err = net.Listen("tcp", net.JoinHostPort(ipB, "0"))
 		return err
 	}); err != nil {
@@ -242,7 +242,7 @@ func transfer(t *testing.T, nsA, nsB, ipB string, warm, span time.Duration) floa
 		})
 		return errors.Join(err, serr)
 	}}
-	if err := datapath.InNetns(nsA, func() (err error) {
+	if err := netns.Run(nsA, func() (err error) {
 		c, err = cubic.Dial("tcp", ln.Addr().String())
 		return err
 	}); err != nil {

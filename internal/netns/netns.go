@@ -1,4 +1,6 @@
-package datapath
+// Package netns enters named network namespaces the way `ip -n` does: on a
+// locked thread, the mount namespace (and so bpffs) staying the caller's.
+package netns
 
 import (
 	"errors"
@@ -6,51 +8,49 @@ import (
 	"io/fs"
 	"runtime"
 
-	"github.com/vishvananda/netns"
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
-var errNotExist = fs.ErrNotExist
-
-// ErrNetnsGone: the namespace's name does not exist, or no longer names a
+// ErrGone: the namespace's name does not exist, or no longer names a
 // namespace. `ip netns delete` unmounts the namespace before it unlinks the
 // name, so for a moment /run/netns/NAME is an empty file that opens but
 // cannot be entered (setns says EINVAL).
-var ErrNetnsGone = errors.New("no such network namespace")
+var ErrGone = errors.New("no such network namespace")
 
-// openNetns opens a named network namespace, refusing a name that is gone
-// or being deleted with ErrNetnsGone.
-func openNetns(name string) (netns.NsHandle, error) {
-	h, err := netns.GetFromName(name)
+// Open opens a named network namespace, refusing a name that is gone or
+// being deleted with ErrGone.
+func Open(name string) (vnetns.NsHandle, error) {
+	h, err := vnetns.GetFromName(name)
 	if errors.Is(err, fs.ErrNotExist) {
-		err = ErrNetnsGone
+		err = ErrGone
 	}
 	if err == nil {
 		var st unix.Statfs_t
 		if serr := unix.Fstatfs(int(h), &st); serr != nil {
 			err = serr
 		} else if st.Type != unix.NSFS_MAGIC {
-			err = ErrNetnsGone
+			err = ErrGone
 		}
 		if err != nil {
 			h.Close()
 		}
 	}
 	if err != nil {
-		return netns.None(), fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
+		return vnetns.None(), fmt.Errorf("network namespace %q: %w (list them with: ip netns list)", name, err)
 	}
 	return h, nil
 }
 
-// InNetns runs fn on a thread switched into the named network namespace
+// Run runs fn on a thread switched into the named network namespace
 // ("" is the caller's), the way `ip -n` does: interface indexes, netlink and
 // link creation then refer to that namespace, while the mount namespace, and
 // so the host's bpffs, stays ours.
-func InNetns(name string, fn func() error) error {
+func Run(name string, fn func() error) error {
 	if name == "" {
 		return fn()
 	}
-	target, err := openNetns(name)
+	target, err := Open(name)
 	if err != nil {
 		return err
 	}
@@ -60,18 +60,18 @@ func InNetns(name string, fn func() error) error {
 	go func() {
 		// The thread is discarded, not unlocked, if it cannot be put back.
 		runtime.LockOSThread()
-		orig, err := netns.Get()
+		orig, err := vnetns.Get()
 		if err != nil {
 			errc <- err
 			return
 		}
 		defer orig.Close()
-		if err := netns.Set(target); err != nil {
+		if err := vnetns.Set(target); err != nil {
 			errc <- fmt.Errorf("enter network namespace %q: %w", name, err)
 			return
 		}
 		ferr := fn()
-		if err := netns.Set(orig); err != nil {
+		if err := vnetns.Set(orig); err != nil {
 			errc <- fmt.Errorf("leave network namespace %q: %w", name, err)
 			return
 		}
@@ -81,38 +81,52 @@ func InNetns(name string, fn func() error) error {
 	return <-errc
 }
 
-// NetnsExists reports an error naming a network namespace that does not exist.
-func NetnsExists(name string) error {
+// Enter moves the calling thread, which the caller has locked and will
+// discard, into the named namespace for good.
+func Enter(name string) error {
+	h, err := Open(name)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	if err := vnetns.Set(h); err != nil {
+		return fmt.Errorf("enter network namespace %q: %w", name, err)
+	}
+	return nil
+}
+
+// Exists reports an error naming a network namespace that does not exist.
+func Exists(name string) error {
 	if name == "" {
 		return nil
 	}
-	h, err := openNetns(name)
+	h, err := Open(name)
 	if err != nil {
 		return err
 	}
 	return h.Close()
 }
 
-// inScratchNetns runs fn on a thread in a new, unnamed network namespace
+// RunScratch runs fn on a thread in a new, unnamed network namespace
 // that goes away, with everything fn made in it, when fn returns.
-func inScratchNetns(fn func() error) error {
+func RunScratch(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // discarded, not unlocked, if it cannot go back
-		orig, err := netns.Get()
+		orig, err := vnetns.Get()
 		if err != nil {
 			errc <- err
 			return
 		}
 		defer orig.Close()
-		scratch, err := netns.New()
+		scratch, err := vnetns.New()
 		if err != nil {
 			errc <- fmt.Errorf("a scratch network namespace: %w", err)
 			return
 		}
 		ferr := fn()
 		scratch.Close()
-		if err := netns.Set(orig); err != nil {
+		if err := vnetns.Set(orig); err != nil {
 			errc <- err
 			return
 		}
@@ -122,15 +136,15 @@ func inScratchNetns(fn func() error) error {
 	return <-errc
 }
 
-// InsideNetns reports whether the calling thread is in the named network
+// Inside reports whether the calling thread is in the named network
 // namespace already (the same inode as /run/netns/NAME).
-func InsideNetns(name string) (bool, error) {
-	target, err := openNetns(name)
+func Inside(name string) (bool, error) {
+	target, err := Open(name)
 	if err != nil {
 		return false, err
 	}
 	defer target.Close()
-	self, err := netns.Get()
+	self, err := vnetns.Get()
 	if err != nil {
 		return false, err
 	}
