@@ -6,18 +6,13 @@ import (
 	"testing"
 )
 
-func open(t *testing.T, name string) *os.File {
-	t.Helper()
-	f, err := os.Open("testdata/" + name)
+func TestParseSoftnet(t *testing.T) {
+	f, err := os.Open("testdata/softnet_stat")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { f.Close() })
-	return f
-}
-
-func TestParseSoftnet(t *testing.T) {
-	sn, err := ParseSoftnet(open(t, "softnet_stat"))
+	defer f.Close()
+	sn, err := ParseSoftnet(f)
 	if err != nil {
 		t.Fatal(err)
 	}
