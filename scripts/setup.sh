@@ -6,7 +6,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
   clang-19 llvm-19 libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make \
-  iptables nftables ipset xdp-tools util-linux ethtool procps iperf3 iputils-ping \
+  iptables nftables ipset xdp-tools util-linux ethtool procps iperf3 iputils-ping curl \
   nginx-light libnginx-mod-stream haproxy prometheus >/dev/null
 if ! command -v go >/dev/null; then
   apt-get install -y -qq --no-install-recommends golang-go >/dev/null
