@@ -170,8 +170,16 @@ func nonNil(ops []policy.ListOp) []policy.ListOp {
 const maxBanBody = 64 << 20
 
 func decodeBan(r *http.Request, req *BanRequest) ([]netip.Prefix, time.Duration, error) {
-	if err := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBanBody)).Decode(req); err != nil {
-		return nil, 0, fmt.Errorf("request body (at most %d MiB: split a larger change): %w", maxBanBody>>20, err)
+	// Unknown fields are refused: a misspelt "ttl" would otherwise ban for
+	// good. So is anything after the object.
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBanBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(req)
+	if err == nil && dec.More() {
+		err = errors.New("more than one JSON object")
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("request body (one JSON object of at most %d MiB: split a larger change): %w", maxBanBody>>20, err)
 	}
 	var prefixes []netip.Prefix
 	for _, s := range req.Prefixes {
