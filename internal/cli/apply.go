@@ -56,7 +56,7 @@ this command is killed.`,
 			if cmd.Flags().Changed("confirm") && confirm <= 0 {
 				return fmt.Errorf("--confirm %s: give the time to confirm in, e.g. --confirm 60s", confirm)
 			}
-			fw, err := g.firewall()
+			fw, err := g.loadingFirewall()
 			if err != nil {
 				return err
 			}

@@ -25,11 +25,15 @@ never match).`,
 			if file == "" {
 				return fmt.Errorf("--file/-f is required: the policy to check")
 			}
+			limit, err := maxTableBytes()
+			if err != nil {
+				return err
+			}
 			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
 			if err != nil {
 				return err
 			}
-			r, err := engine.Check(pol)
+			r, err := engine.Check(pol, limit)
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
 			}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/yamlpos"
 )
 
 // Env is what a command may touch of its process, injected so that commands
@@ -117,26 +119,61 @@ func Main() {
 	}
 }
 
-// errorJSON is an error as JSON: its message and, for a policy or list
-// file's error, where.
+// errorJSON is an error as JSON: its message and, for an error in a file
+// (a policy, a list, a proxy file), where.
 func errorJSON(err error) map[string]any {
 	out := map[string]any{"message": err.Error()}
-	var pe *policy.Error
+	var pe *yamlpos.Error
 	if errors.As(err, &pe) {
 		out["file"], out["line"], out["field"] = pe.File, pe.Line, pe.Field
 	}
 	return out
 }
 
+// options place the engine by the global flags.
+func (g *globals) options() engine.Options {
+	return engine.Options{PinRoot: g.pinRoot, StateRoot: g.stateRoot, Netns: g.netns}
+}
+
 // firewall is the engine for the global flags.
 func (g *globals) firewall() (*engine.Firewall, error) {
-	return engine.New(engine.Options{PinRoot: g.pinRoot, StateRoot: g.stateRoot, Netns: g.netns})
+	return engine.New(g.options())
+}
+
+// loadingFirewall is the engine of a command that loads policies (apply,
+// serve): the firewall with the operator's cap on table memory.
+func (g *globals) loadingFirewall() (*engine.Firewall, error) {
+	opt := g.options()
+	var err error
+	if opt.MaxTableBytes, err = maxTableBytes(); err != nil {
+		return nil, err
+	}
+	return engine.New(opt)
+}
+
+// maxTableBytes is the operator's cap on the kernel memory of a policy's
+// tables, $RAMPART_MAX_TABLE_BYTES (0 when unset). Only the commands that
+// load policies read it: a bad value stops no confirm or detach.
+func maxTableBytes() (uint64, error) {
+	s := os.Getenv("RAMPART_MAX_TABLE_BYTES")
+	if s == "" {
+		return 0, nil
+	}
+	limit, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("RAMPART_MAX_TABLE_BYTES=%q: want a number of bytes", s)
+	}
+	return limit, nil
 }
 
 // recovered opens the firewall and first finishes what earlier commands
 // left (rollbacks past their deadline, crashed applies), saying what it did.
 func (g *globals) recovered() (*engine.Firewall, error) {
-	fw, err := g.firewall()
+	return g.recover(g.firewall())
+}
+
+// recover finishes, on a firewall just opened, what earlier commands left.
+func (g *globals) recover(fw *engine.Firewall, err error) (*engine.Firewall, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -153,7 +190,7 @@ func (g *globals) everywhere() ([]*engine.Firewall, error) {
 		fw, err := g.recovered()
 		return []*engine.Firewall{fw}, err
 	}
-	fws, err := engine.All(engine.Options{PinRoot: g.pinRoot, StateRoot: g.stateRoot})
+	fws, err := engine.All(g.options())
 	if err != nil {
 		return nil, err
 	}

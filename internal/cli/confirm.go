@@ -1,11 +1,12 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/rampart-fw/rampart/internal/watchdog"
 )
 
 func confirmCmd(g *globals) *cobra.Command {
@@ -39,21 +40,30 @@ fails; the others are confirmed.`,
 
 // watchdogCmd is started by apply --confirm; it is not for people.
 func watchdogCmd(g *globals) *cobra.Command {
+	return rollbackWatchdogCmd(g, "Roll back an unconfirmed apply at its deadline (started by apply --confirm)", func(token string) ([]string, error) {
+		fw, err := g.firewall()
+		if err != nil {
+			return nil, err
+		}
+		return fw.RollbackExpired(token)
+	})
+}
+
+// rollbackWatchdogCmd is a watchdog an apply --confirm starts (see
+// internal/watchdog): at --at it undoes the apply that still carries
+// --token, and prints a timestamped line for each thing undone.
+func rollbackWatchdogCmd(g *globals, short string, undo func(token string) ([]string, error)) *cobra.Command {
 	var token, at string
 	c := &cobra.Command{
 		Use:    "rollback-watchdog --token T --at TIME",
-		Short:  "Roll back an unconfirmed apply at its deadline (started by apply --confirm)",
+		Short:  short,
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := sleepUntil(cmd.Context(), at); err != nil {
+			if err := watchdog.Wait(cmd.Context(), at); err != nil {
 				return err
 			}
-			fw, err := g.firewall()
-			if err != nil {
-				return err
-			}
-			done, err := fw.RollbackExpired(token)
+			done, err := undo(token)
 			for _, d := range done {
 				fmt.Fprintf(g.env.Stdout, "%s: %s\n", time.Now().UTC().Format(time.RFC3339), d)
 			}
@@ -63,18 +73,4 @@ func watchdogCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&token, "token", "", "the apply to watch")
 	c.Flags().StringVar(&at, "at", "", "deadline (RFC 3339)")
 	return c
-}
-
-// sleepUntil waits for a watchdog's --at deadline (RFC 3339).
-func sleepUntil(ctx context.Context, at string) error {
-	deadline, err := time.Parse(time.RFC3339Nano, at)
-	if err != nil {
-		return fmt.Errorf("--at: %w", err)
-	}
-	select {
-	case <-time.After(time.Until(deadline)):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

@@ -63,7 +63,7 @@ POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
 			default:
 				return fmt.Errorf("--log-format %q: text or json", logFormat)
 			}
-			fw, err := g.recovered()
+			fw, err := g.recover(g.loadingFirewall())
 			if err != nil {
 				return err
 			}

@@ -1,21 +1,22 @@
 package cli
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/rampart-fw/rampart/internal/tune"
 )
+
+// irqFlags are the flags the tune irq subcommands share.
+type irqFlags struct {
+	root               string
+	external, internal []string
+}
 
 func tuneIRQCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
@@ -40,50 +41,62 @@ rollback restores; apply --confirm D rolls back by itself unless
   rampart tune irq apply --external eth0 --internal eth1 --irqbalance ban --confirm 60s
   rampart tune irq check`,
 	}
-	var root string
-	c.PersistentFlags().StringVar(&root, "root", "/", "read and write proc/, sys/, etc/ and var/ under this directory instead of /")
-	var ext, in []string
-	var irqbalance string
-	var confirm time.Duration
-	plan := func() (*tune.IRQPlan, error) {
-		if len(ext) == 0 || len(in) == 0 {
-			return nil, errors.New("--external and --internal are required: the interfaces (or bonds) facing the outside and the LAN")
-		}
-		for _, e := range ext {
-			if slices.Contains(in, e) {
-				return nil, fmt.Errorf("%s is both --external and --internal", e)
-			}
-		}
-		m, err := tune.ReadMachine(root, slices.Concat(ext, in))
-		if err != nil {
-			return nil, err
-		}
-		nExt := 0
-		for _, n := range m.NICs {
-			if slices.Contains(ext, n.Name) || slices.Contains(ext, n.Bond) {
-				nExt++
-			}
-		}
-		return tune.PlanIRQ(m, nExt)
+	f := &irqFlags{}
+	c.PersistentFlags().StringVar(&f.root, "root", "/", "read and write proc/, sys/, etc/ and var/ under this directory instead of /")
+	c.AddCommand(irqPlanCmd(g, f), irqApplyCmd(g, f), irqCheckCmd(g, f), irqConfirmCmd(g, f), irqRollbackCmd(g, f), irqWatchdogCmd(g, f))
+	return c
+}
+
+// addSides adds --external and --internal to cmd.
+func (f *irqFlags) addSides(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&f.external, "external", nil, "interfaces or bonds facing the outside (comma-separated)")
+	cmd.Flags().StringSliceVar(&f.internal, "internal", nil, "interfaces or bonds facing the LAN (comma-separated)")
+}
+
+// plan reads the machine under the root and plans the two sides.
+func (f *irqFlags) plan() (*tune.IRQPlan, error) {
+	if len(f.external) == 0 || len(f.internal) == 0 {
+		return nil, errors.New("--external and --internal are required: the interfaces (or bonds) facing the outside and the LAN")
 	}
-	sideFlags := func(cmd *cobra.Command) {
-		cmd.Flags().StringSliceVar(&ext, "external", nil, "interfaces or bonds facing the outside (comma-separated)")
-		cmd.Flags().StringSliceVar(&in, "internal", nil, "interfaces or bonds facing the LAN (comma-separated)")
+	for _, e := range f.external {
+		if slices.Contains(f.internal, e) {
+			return nil, fmt.Errorf("%s is both --external and --internal", e)
+		}
 	}
-	planCmd := &cobra.Command{
+	m, err := tune.ReadMachine(f.root, slices.Concat(f.external, f.internal))
+	if err != nil {
+		return nil, err
+	}
+	nExt := 0
+	for _, n := range m.NICs {
+		if slices.Contains(f.external, n.Name) || slices.Contains(f.external, n.Bond) {
+			nExt++
+		}
+	}
+	return tune.PlanIRQ(m, nExt)
+}
+
+func irqPlanCmd(g *globals, f *irqFlags) *cobra.Command {
+	c := &cobra.Command{
 		Use:   "plan --external IF[,IF…] --internal IF[,IF…]",
 		Short: "Print where each queue's interrupt, RPS and XPS would go",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			p, err := plan()
+			p, err := f.plan()
 			if err != nil {
 				return err
 			}
 			return g.printIRQPlan(p)
 		},
 	}
-	sideFlags(planCmd)
-	applyCmd := &cobra.Command{
+	f.addSides(c)
+	return c
+}
+
+func irqApplyCmd(g *globals, f *irqFlags) *cobra.Command {
+	var irqbalance string
+	var confirm time.Duration
+	c := &cobra.Command{
 		Use:   "apply --external IF[,IF…] --internal IF[,IF…] [--irqbalance ban|stop] [--confirm DURATION]",
 		Short: "Write the plan; keep what it replaces for rollback",
 		Args:  cobra.NoArgs,
@@ -94,48 +107,40 @@ rollback restores; apply --confirm D rolls back by itself unless
 			if cmd.Flags().Changed("confirm") && confirm <= 0 {
 				return fmt.Errorf("--confirm %s: give the time to confirm in, e.g. --confirm 60s", confirm)
 			}
-			p, err := plan()
+			p, err := f.plan()
 			if err != nil {
 				return err
 			}
-			var token string
-			var deadline time.Time
-			if confirm > 0 {
-				b := make([]byte, 8)
-				rand.Read(b)
-				token, deadline = hex.EncodeToString(b), time.Now().Add(confirm)
-			}
-			if _, err := tune.ApplyIRQ(root, p, irqbalance, token, deadline); err != nil {
+			a, err := tune.ApplyIRQWatched(f.root, p, irqbalance, confirm)
+			if err != nil {
 				return err
 			}
-			if token != "" {
-				if err := spawnIRQWatchdog(root, token, deadline); err != nil {
-					_, rerr := tune.RollbackIRQ(root, token)
-					return errors.Join(fmt.Errorf("start the rollback watchdog: %w (the apply is rolled back)", err), rerr)
-				}
-			}
 			if g.json {
-				return g.printJSON(map[string]any{"applied": p, "confirm_deadline": deadline})
+				return g.printJSON(map[string]any{"applied": p, "confirm_deadline": a.Deadline})
 			}
 			if err := g.printIRQPlan(p); err != nil {
 				return err
 			}
 			fmt.Fprintln(g.env.Stdout, "\napplied; rampart tune irq check reports drift, rampart tune irq rollback undoes it")
-			if token != "" {
-				fmt.Fprintf(g.env.Stdout, "rolls back at %s unless rampart tune irq confirm runs\n", deadline.Format(time.RFC3339))
+			if a.PendingToken != "" {
+				fmt.Fprintf(g.env.Stdout, "rolls back at %s unless rampart tune irq confirm runs\n", a.Deadline.Format(time.RFC3339))
 			}
 			return nil
 		},
 	}
-	sideFlags(applyCmd)
-	applyCmd.Flags().StringVar(&irqbalance, "irqbalance", "", "when irqbalance runs: ban (add --banirq for these interrupts to its arguments) or stop (disable it)")
-	applyCmd.Flags().DurationVar(&confirm, "confirm", 0, "roll back unless 'rampart tune irq confirm' runs within this time")
-	checkCmd := &cobra.Command{
+	f.addSides(c)
+	c.Flags().StringVar(&irqbalance, "irqbalance", "", "when irqbalance runs: ban (add --banirq for these interrupts to its arguments) or stop (disable it)")
+	c.Flags().DurationVar(&confirm, "confirm", 0, "roll back unless 'rampart tune irq confirm' runs within this time")
+	return c
+}
+
+func irqCheckCmd(g *globals, f *irqFlags) *cobra.Command {
+	return &cobra.Command{
 		Use:   "check",
 		Short: "Report the settings that drifted from the last apply (exit 1 if any)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, drift, err := tune.CheckIRQ(root)
+			a, drift, err := tune.CheckIRQ(f.root)
 			if err != nil {
 				return err
 			}
@@ -162,12 +167,15 @@ rollback restores; apply --confirm D rolls back by itself unless
 			return nil
 		},
 	}
-	confirmCmd := &cobra.Command{
+}
+
+func irqConfirmCmd(g *globals, f *irqFlags) *cobra.Command {
+	return &cobra.Command{
 		Use:   "confirm",
 		Short: "Keep the plan applied with --confirm (stops its rollback)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := tune.ConfirmIRQ(root); err != nil {
+			if err := tune.ConfirmIRQ(f.root); err != nil {
 				return err
 			}
 			if g.json {
@@ -177,12 +185,15 @@ rollback restores; apply --confirm D rolls back by itself unless
 			return nil
 		},
 	}
-	rollbackCmd := &cobra.Command{
+}
+
+func irqRollbackCmd(g *globals, f *irqFlags) *cobra.Command {
+	return &cobra.Command{
 		Use:   "rollback",
 		Short: "Restore what the last apply replaced",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			a, err := tune.RollbackIRQ(root, "")
+			a, err := tune.RollbackIRQ(f.root, "")
 			if err != nil {
 				return err
 			}
@@ -193,42 +204,18 @@ rollback restores; apply --confirm D rolls back by itself unless
 			return nil
 		},
 	}
-	var token, at string
-	watchdog := &cobra.Command{
-		Use:    "rollback-watchdog --token T --at TIME",
-		Short:  "Roll back an unconfirmed tune irq apply at its deadline",
-		Hidden: true,
-		Args:   cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := sleepUntil(cmd.Context(), at); err != nil {
-				return err
-			}
-			a, err := tune.RollbackIRQ(root, token)
-			if a != nil {
-				fmt.Fprintf(g.env.Stdout, "%s: not confirmed, rolled back %d settings\n", time.Now().UTC().Format(time.RFC3339), len(a.Writes))
-			}
-			return err
-		},
-	}
-	watchdog.Flags().StringVar(&token, "token", "", "the apply to watch")
-	watchdog.Flags().StringVar(&at, "at", "", "deadline (RFC 3339)")
-	c.AddCommand(planCmd, applyCmd, checkCmd, confirmCmd, rollbackCmd, watchdog)
-	return c
 }
 
-// spawnIRQWatchdog starts the process that rolls an unconfirmed apply
-// back, in its own session so it outlives this command.
-func spawnIRQWatchdog(root, token string, deadline time.Time) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(exe, "tune", "irq", "rollback-watchdog", "--root", root, "--token", token, "--at", deadline.UTC().Format(time.RFC3339Nano))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	return cmd.Process.Release()
+// irqWatchdogCmd is started by tune irq apply --confirm; it is not for
+// people.
+func irqWatchdogCmd(g *globals, f *irqFlags) *cobra.Command {
+	return rollbackWatchdogCmd(g, "Roll back an unconfirmed tune irq apply at its deadline", func(token string) ([]string, error) {
+		a, err := tune.RollbackIRQ(f.root, token)
+		if a == nil {
+			return nil, err
+		}
+		return []string{fmt.Sprintf("not confirmed, rolled back %d settings", len(a.Writes))}, err
+	})
 }
 
 func (g *globals) printIRQPlan(p *tune.IRQPlan) error {

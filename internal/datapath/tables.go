@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -108,19 +107,18 @@ func putOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.Ov
 	return nil
 }
 
-// CheckMemory refuses tables that would not fit in the memory available
-// (or over RAMPART_MAX_TABLE_BYTES, an operator's cap), before any map is
-// created.
-func CheckMemory(need uint64) error {
-	if s := os.Getenv("RAMPART_MAX_TABLE_BYTES"); s != "" {
-		limit, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return fmt.Errorf("RAMPART_MAX_TABLE_BYTES=%q: want a number of bytes", s)
-		}
-		if need > limit {
-			return fmt.Errorf("the prefix lists need about %d bytes of kernel memory, over RAMPART_MAX_TABLE_BYTES=%d: nothing was changed", need, limit)
-		}
+// CheckCap refuses tables over maxBytes, an operator's cap on their kernel
+// memory (RAMPART_MAX_TABLE_BYTES; 0 is no cap), before any map is created.
+func CheckCap(need, maxBytes uint64) error {
+	if maxBytes > 0 && need > maxBytes {
+		return fmt.Errorf("the prefix lists need about %d bytes of kernel memory, over RAMPART_MAX_TABLE_BYTES=%d: nothing was changed", need, maxBytes)
 	}
+	return nil
+}
+
+// CheckMemory refuses tables that would not fit in the memory available,
+// before any map is created.
+func CheckMemory(need uint64) error {
 	f, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
 		return nil

@@ -1,8 +1,6 @@
 package engine
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +12,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/watchdog"
 )
 
 // ApplyRequest is one apply: a validated policy onto interfaces.
@@ -149,6 +148,9 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 	}
 	img := compile.Build(pol)
+	if err := datapath.CheckCap(img.KernelBytes(), fw.maxTableBytes); err != nil {
+		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+	}
 	objs, err := datapath.Load(img)
 	if err != nil {
 		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
@@ -156,7 +158,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	defer objs.Close()
 
 	meta := describe(pol, img)
-	tx := &transaction{fw: fw, token: newToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
+	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
 		res.ConfirmDeadline = tx.deadline.UTC()
@@ -179,7 +181,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 	}
 	if req.Confirm > 0 {
-		if err := fw.spawn("rollback.log", "rollback-watchdog", "--token", tx.token, "--at", tx.deadline.UTC().Format(time.RFC3339Nano)); err != nil {
+		if err := fw.spawn("rollback.log", append([]string{"rollback-watchdog"}, watchdog.Args(tx.token, tx.deadline)...)...); err != nil {
 			return nil, errors.Join(fmt.Errorf("start the rollback watchdog: %w", err), tx.rollback())
 		}
 		return res, nil
@@ -212,12 +214,6 @@ func describe(pol *policy.Policy, img *compile.Image) generation {
 		g.Lists[name] = ListInfo{Bit: bit, Family: pol.Lists[name].Family}
 	}
 	return g
-}
-
-func newToken() string {
-	b := make([]byte, 8)
-	rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // transaction is one apply across hooks.

@@ -34,10 +34,14 @@ type ListReport struct {
 }
 
 // Check compiles a policy as Apply would and refuses what Apply would refuse
-// before touching the host (tables over the memory there is or the
-// operator's cap), without changing anything.
-func Check(pol *policy.Policy) (*CheckReport, error) {
+// before touching the host (tables over the memory there is or over
+// maxTableBytes, the operator's cap as in Options), without changing
+// anything.
+func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 	img := compile.Build(pol)
+	if err := datapath.CheckCap(img.KernelBytes(), maxTableBytes); err != nil {
+		return nil, err
+	}
 	if err := datapath.CheckMemory(img.KernelBytes()); err != nil {
 		return nil, err
 	}

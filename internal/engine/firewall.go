@@ -41,17 +41,22 @@ type Options struct {
 	// Netns names the network namespace whose interfaces are filtered, as
 	// `ip -n` does ("" is the caller's); pins stay in the caller's bpffs.
 	Netns string
+	// MaxTableBytes is the operator's cap on the kernel memory of a
+	// policy's tables (RAMPART_MAX_TABLE_BYTES); 0 leaves only the memory
+	// available.
+	MaxTableBytes uint64
 }
 
 // Firewall is rampart on the interfaces of one network namespace.
 type Firewall struct {
 	pinRoot, stateRoot string
 	netns              string
+	maxTableBytes      uint64
 }
 
 // New validates the options; nothing on the host changes.
 func New(opt Options) (*Firewall, error) {
-	fw := &Firewall{pinRoot: opt.PinRoot, stateRoot: opt.StateRoot, netns: opt.Netns}
+	fw := &Firewall{pinRoot: opt.PinRoot, stateRoot: opt.StateRoot, netns: opt.Netns, maxTableBytes: opt.MaxTableBytes}
 	if fw.pinRoot == "" {
 		fw.pinRoot = DefaultPinRoot
 	}
@@ -93,7 +98,8 @@ func (fw *Firewall) netnsGone() bool {
 // the roots (the caller's first), for reports that cover them all. A
 // namespace that is gone is included: its hooks report so.
 func All(opt Options) ([]*Firewall, error) {
-	host, err := New(Options{PinRoot: opt.PinRoot, StateRoot: opt.StateRoot})
+	opt.Netns = "" // the caller's namespace first
+	host, err := New(opt)
 	if err != nil {
 		return nil, err
 	}
@@ -104,7 +110,7 @@ func All(opt Options) ([]*Firewall, error) {
 	if named, err := os.ReadDir("/run/netns"); err == nil {
 		for _, e := range named {
 			seen[e.Name()] = true
-			out = append(out, &Firewall{pinRoot: host.pinRoot, stateRoot: host.stateRoot, netns: e.Name()})
+			out = append(out, host.in(e.Name()))
 		}
 	}
 	for _, root := range []string{host.pinRoot, host.stateRoot} {
@@ -115,11 +121,18 @@ func All(opt Options) ([]*Firewall, error) {
 		for _, e := range entries {
 			if ns, ok := strings.CutPrefix(e.Name(), "netns-"); ok && e.IsDir() && !seen[ns] {
 				seen[ns] = true
-				out = append(out, &Firewall{pinRoot: host.pinRoot, stateRoot: host.stateRoot, netns: ns})
+				out = append(out, host.in(ns))
 			}
 		}
 	}
 	return out, nil
+}
+
+// in is the firewall on the same roots and settings in namespace ns.
+func (fw *Firewall) in(ns string) *Firewall {
+	other := *fw
+	other.netns = ns
+	return &other
 }
 
 // Netns is the network namespace the firewall filters ("": the caller's).

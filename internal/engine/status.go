@@ -104,6 +104,15 @@ func (fw *Firewall) judge(h Hook, st *hookState) (string, string) {
 	return StateActive, ""
 }
 
+// describeState is a hook's state and, when it is broken, its fix.
+func (fw *Firewall) describeState(h Hook, st *hookState) string {
+	state, fix := fw.judge(h, st)
+	if fix == "" {
+		return state
+	}
+	return state + ": " + fix
+}
+
 func (fw *Firewall) netnsFlag() string {
 	if fw.netns == "" {
 		return ""
@@ -184,131 +193,6 @@ func (fw *Firewall) Stats() (stats.Snapshot, error) {
 			row("non-ip", "non-ip", "pass", counts[abi.SlotNonIP]))
 	}
 	return snap, nil
-}
-
-// Confirm makes the namespace's pending applies permanent. It confirms what
-// it can and names every hook it could not.
-func (fw *Firewall) Confirm() ([]Hook, error) {
-	var done []Hook
-	err := fw.withHooks(func(h Hook, st *hookState) error {
-		if st.pending == nil {
-			return nil
-		}
-		if st.live != st.pending.Next {
-			return fmt.Errorf("%s: not confirmed: it runs generation %d, not the pending %d (%s)", h, st.live, st.pending.Next, fw.describeState(h, st))
-		}
-		if err := errors.Join(fw.keepOnly(h, st.live), removeFile(fw.pendingFile(h))); err != nil {
-			return fmt.Errorf("%s: not confirmed: %w", h, err)
-		}
-		done = append(done, h)
-		return nil
-	})
-	if len(done) == 0 && err == nil {
-		return nil, fmt.Errorf("no apply is waiting for confirmation%s (if its deadline passed, the previous policy is back: see rampart status)", fw.inNetns())
-	}
-	return done, err
-}
-
-func (fw *Firewall) describeState(h Hook, st *hookState) string {
-	state, fix := fw.judge(h, st)
-	if fix == "" {
-		return state
-	}
-	return state + ": " + fix
-}
-
-// Detach removes rampart from the interfaces, both directions: links, pins,
-// state, and the live list changes no remaining hook uses. An interface
-// that does not exist and never had rampart is an error.
-func (fw *Firewall) Detach(ifaces []string) ([]Hook, error) {
-	unlock, err := fw.lockVisible()
-	if err != nil {
-		return nil, fmt.Errorf("%w: nothing was detached", err)
-	}
-	defer unlock()
-	hooks, err := fw.hooks()
-	if err != nil {
-		return nil, err
-	}
-	var done []Hook
-	var errs []error
-	for _, ifc := range ifaces {
-		found := false
-		for _, h := range hooks {
-			if h.Iface != ifc {
-				continue
-			}
-			found = true
-			if err := fw.removeHook(h); err != nil {
-				errs = append(errs, fmt.Errorf("detach %s: %w", h, err))
-				continue
-			}
-			done = append(done, h)
-		}
-		if !found {
-			if idx, _ := datapath.Ifindex(fw.netns, ifc); idx == 0 {
-				errs = append(errs, fmt.Errorf("--iface %s: no such interface%s, and rampart holds nothing for it", ifc, fw.inNetns()))
-			}
-		}
-	}
-	if err := fw.dropUnusedOps(); err != nil {
-		errs = append(errs, err)
-	}
-	return done, errors.Join(errs...)
-}
-
-// Reattach attaches again the hooks of the interfaces whose link is gone
-// (an interface deleted and created again, a link removed by hand), with
-// the policy they ran. Hooks still attached are left alone.
-func (fw *Firewall) Reattach(ifaces []string) ([]Applied, error) {
-	if err := fw.pinsVisible(); err != nil {
-		return nil, err
-	}
-	var out []Applied
-	held := map[string]bool{}
-	err := fw.withHooks(func(h Hook, st *hookState) error {
-		held[h.Iface] = true
-		if len(ifaces) > 0 && !slices.Contains(ifaces, h.Iface) {
-			return nil
-		}
-		if state, _ := fw.judge(h, st); state == StateActive || state == StateUnconfirmed {
-			return nil
-		}
-		a, err := fw.reattach(h, st)
-		if err != nil {
-			return fmt.Errorf("reattach %s: %w", h, err)
-		}
-		out = append(out, a)
-		return nil
-	})
-	for _, ifc := range ifaces {
-		if !held[ifc] {
-			err = errors.Join(err, fmt.Errorf("--iface %s: rampart holds no hook on it%s (rampart status lists them)", ifc, fw.inNetns()))
-		}
-	}
-	return out, err
-}
-
-func (fw *Firewall) reattach(h Hook, st *hookState) (Applied, error) {
-	n := fw.newest(h, st)
-	g, err := fw.readGen(h, n)
-	if err != nil || g == nil {
-		return Applied{}, fmt.Errorf("no pinned generation to attach: apply the policy again (%v)", err)
-	}
-	objs, err := datapath.LoadPinned(fw.genPins(h, n))
-	if err != nil {
-		return Applied{}, err
-	}
-	defer objs.Close()
-	mode, note, err := datapath.Swap(fw.attachment(h), "", objs, g.Mode, false, g.syncookie())
-	if err != nil {
-		return Applied{}, err
-	}
-	g.Mode = mode
-	if err := writeJSON(fw.genFile(h, n), g); err != nil {
-		return Applied{}, err
-	}
-	return Applied{Hook: h, Mode: mode, Generation: n, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil
 }
 
 // Program opens the program a hook's link runs now: what a frame arriving
@@ -393,27 +277,4 @@ func (fw *Firewall) Unpinned() ([]UnpinnedHook, error) {
 		}
 	}
 	return out, nil
-}
-
-// DetachUnpinned removes what Unpinned lists.
-func (fw *Firewall) DetachUnpinned() ([]UnpinnedHook, error) {
-	unlock, err := fw.lock()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	found, err := fw.Unpinned()
-	if err != nil {
-		return nil, err
-	}
-	var done []UnpinnedHook
-	var errs []error
-	for _, k := range found {
-		if err := netns.Run(fw.netns, k.Remove); err != nil {
-			errs = append(errs, fmt.Errorf("remove %s: %w", k, err))
-			continue
-		}
-		done = append(done, k)
-	}
-	return done, errors.Join(errs...)
 }

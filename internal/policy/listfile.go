@@ -16,16 +16,8 @@ import (
 	"syscall"
 )
 
-// Options control how list files are read.
-type Options struct {
-	// Lenient skips bad lines, counting them in List.Skipped, instead of
-	// failing on the first.
-	Lenient bool
-	// Progress, if set, is called now and then while a list file is read.
-	Progress func(file string, read, total int64)
-	// Context, if set, interrupts reading when it ends.
-	Context context.Context
-}
+// utf8BOM is the byte order mark some editors start a text file with.
+var utf8BOM = []byte("\xef\xbb\xbf")
 
 // openRegular opens a file to read, refusing what is not a regular file: a
 // FIFO would hang the reader, a device (/dev/zero) never end.

@@ -1,7 +1,7 @@
 package policy
 
 import (
-	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,28 +11,24 @@ import (
 	"strconv"
 	"strings"
 
-	goccy "github.com/goccy/go-yaml"
-	goccyparser "github.com/goccy/go-yaml/parser"
 	"gopkg.in/yaml.v3"
+
+	"github.com/rampart-fw/rampart/internal/yamlpos"
 )
 
-// Error is a problem in a policy or list file, located by file, line and field.
-type Error struct {
-	File  string
-	Line  int
-	Field string
-	Msg   string
-}
+// Error is a problem in a policy or list file, located by file, line and
+// field.
+type Error = yamlpos.Error
 
-func (e *Error) Error() string {
-	loc := e.File
-	if e.Line > 0 {
-		loc = fmt.Sprintf("%s:%d", e.File, e.Line)
-	}
-	if e.Field != "" {
-		return fmt.Sprintf("%s: %s: %s", loc, e.Field, e.Msg)
-	}
-	return fmt.Sprintf("%s: %s", loc, e.Msg)
+// Options control how list files are read.
+type Options struct {
+	// Lenient skips bad lines, counting them in List.Skipped, instead of
+	// failing on the first.
+	Lenient bool
+	// Progress, if set, is called now and then while a list file is read.
+	Progress func(file string, read, total int64)
+	// Context, if set, interrupts reading when it ends.
+	Context context.Context
 }
 
 // Load reads and validates a policy file. List files are resolved relative to
@@ -50,11 +46,10 @@ func Parse(path string, data []byte) (*Policy, error) { return parse(path, data,
 
 func parse(path string, data []byte, opt Options) (*Policy, error) {
 	p := &parser{file: path, dir: filepath.Dir(path), opt: opt}
-	data = bytes.TrimPrefix(data, utf8BOM)
-	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec := yamlpos.NewDecoder(path, data)
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, yamlError(path, data, err)
+		return nil, err
 	}
 	if len(doc.Content) == 0 {
 		return nil, &Error{File: path, Line: 1, Msg: "empty policy: it needs at least a rules list"}
@@ -62,7 +57,7 @@ func parse(path string, data []byte, opt Options) (*Policy, error) {
 	var next yaml.Node
 	if err := dec.Decode(&next); !errors.Is(err, io.EOF) {
 		if err != nil {
-			return nil, yamlError(path, data, err)
+			return nil, err
 		}
 		return nil, &Error{File: path, Line: next.Line, Msg: "a second YAML document starts here: a policy is one document"}
 	}
@@ -75,24 +70,6 @@ func parse(path string, data []byte, opt Options) (*Policy, error) {
 	return pol, nil
 }
 
-var utf8BOM = []byte("\xef\xbb\xbf")
-
-// yamlError locates a YAML syntax error. yaml.v3, which reads the policy
-// into nodes, reports a parser error at a 0-based mark (one line early, or
-// with no line when it is on the first); goccy/go-yaml's parser, which keeps
-// every token's position, locates it instead.
-func yamlError(path string, data []byte, err error) error {
-	var se *goccy.SyntaxError
-	if _, perr := goccyparser.ParseBytes(data, 0); errors.As(perr, &se) && se.Token != nil && se.Token.Position.Line >= 1 {
-		n, msg := se.Token.Position.Line, se.Message
-		if lines := strings.Split(string(data), "\n"); n <= len(lines) && strings.TrimSpace(lines[n-1]) != "" {
-			msg += fmt.Sprintf(" (%q)", strings.TrimSpace(lines[n-1]))
-		}
-		return &Error{File: path, Line: n, Field: "syntax", Msg: msg}
-	}
-	return &Error{File: path, Line: 1, Field: "syntax", Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
-}
-
 type parser struct {
 	file string
 	dir  string
@@ -100,39 +77,12 @@ type parser struct {
 }
 
 func (p *parser) errf(n *yaml.Node, field, format string, args ...any) error {
-	return &Error{File: p.file, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)}
+	return yamlpos.Errorf(p.file, n, field, format, args...)
 }
 
 // fields walks a mapping, refusing keys outside allowed and duplicate keys.
 func (p *parser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
-	return Fields(p.file, n, what, allowed...)
-}
-
-// Fields walks a YAML mapping of file, refusing keys outside allowed and
-// duplicate keys with an Error at the key's line.
-func Fields(file string, n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
-	errf := func(n *yaml.Node, format string, args ...any) error {
-		return &Error{File: file, Line: n.Line, Field: what, Msg: fmt.Sprintf(format, args...)}
-	}
-	if n.Kind != yaml.MappingNode {
-		return nil, errf(n, "must be a mapping of keys to values")
-	}
-	out := map[string]*yaml.Node{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		known := false
-		for _, a := range allowed {
-			known = known || a == k.Value
-		}
-		if !known {
-			return nil, errf(k, "unknown key %q (allowed: %s)", k.Value, strings.Join(allowed, ", "))
-		}
-		if _, dup := out[k.Value]; dup {
-			return nil, errf(k, "key %q given twice", k.Value)
-		}
-		out[k.Value] = v
-	}
-	return out, nil
+	return yamlpos.Fields(p.file, n, what, allowed...)
 }
 
 // strings reads a scalar or a sequence of scalars.

@@ -4,7 +4,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -17,7 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/yamlpos"
 )
 
 // Config is a proxy file: services and the routing table they use.
@@ -73,11 +72,11 @@ func Load(path string) (*Config, error) {
 func Parse(path string, data []byte) (*Config, error) {
 	p := &cfgParser{file: path}
 	var doc yaml.Node
-	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
-		return nil, &policy.Error{File: path, Line: 1, Field: "syntax", Msg: strings.TrimPrefix(err.Error(), "yaml: ")}
+	if err := yamlpos.NewDecoder(path, data).Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
 	}
 	if len(doc.Content) == 0 {
-		return nil, &policy.Error{File: path, Line: 1, Msg: "empty: a proxy file needs a services list"}
+		return nil, &yamlpos.Error{File: path, Line: 1, Msg: "empty: a proxy file needs a services list"}
 	}
 	top, err := p.fields(doc.Content[0], "proxy", "services", "table")
 	if err != nil {
@@ -114,11 +113,11 @@ func Parse(path string, data []byte) (*Config, error) {
 type cfgParser struct{ file string }
 
 func (p *cfgParser) errf(n *yaml.Node, field, format string, args ...any) error {
-	return &policy.Error{File: p.file, Line: n.Line, Field: field, Msg: fmt.Sprintf(format, args...)}
+	return yamlpos.Errorf(p.file, n, field, format, args...)
 }
 
 func (p *cfgParser) fields(n *yaml.Node, what string, allowed ...string) (map[string]*yaml.Node, error) {
-	return policy.Fields(p.file, n, what, allowed...)
+	return yamlpos.Fields(p.file, n, what, allowed...)
 }
 
 func (p *cfgParser) intIn(n *yaml.Node, field string, lo, hi int) (int, error) {

@@ -28,6 +28,14 @@ func TestConfigErrors(t *testing.T) {
 	}
 }
 
+// TestConfigSyntaxErrorLine: a YAML syntax error names the line it is on.
+func TestConfigSyntaxErrorLine(t *testing.T) {
+	_, err := Parse("p.yaml", []byte("services:\n  - name: a\n   listen: 10.0.0.1:80\n    backends: [10.0.0.2:80]\n"))
+	if err == nil || !strings.HasPrefix(err.Error(), "p.yaml:3: syntax:") {
+		t.Errorf("%v, want p.yaml:3: syntax: …", err)
+	}
+}
+
 // TestConfigReservedTables: the kernel's own tables are refused, with the
 // line and field.
 func TestConfigReservedTables(t *testing.T) {

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/rampart-fw/rampart/internal/watchdog"
 )
 
 // irqState is what `tune irq apply` wrote and what it replaced, kept for
@@ -139,6 +141,27 @@ func ApplyIRQ(root string, p *IRQPlan, irqbalance, token string, deadline time.T
 		}
 	}
 	return a, a.save(root)
+}
+
+// ApplyIRQWatched is ApplyIRQ as `rampart tune irq apply` runs it: with
+// confirm > 0 the apply is pending, and a detached `rampart tune irq
+// rollback-watchdog` rolls it back after confirm unless ConfirmIRQ runs
+// first. The deadline is the result's.
+func ApplyIRQWatched(root string, p *IRQPlan, irqbalance string, confirm time.Duration) (*IRQApplied, error) {
+	if confirm <= 0 {
+		return ApplyIRQ(root, p, irqbalance, "", time.Time{})
+	}
+	token, deadline := watchdog.NewToken(), time.Now().Add(confirm)
+	a, err := ApplyIRQ(root, p, irqbalance, token, deadline)
+	if err != nil {
+		return a, err
+	}
+	args := append([]string{"tune", "irq", "rollback-watchdog", "--root", root}, watchdog.Args(token, deadline)...)
+	if err := watchdog.Start("", args...); err != nil {
+		_, rerr := RollbackIRQ(root, token)
+		return nil, errors.Join(fmt.Errorf("start the rollback watchdog: %w (the apply is rolled back)", err), rerr)
+	}
+	return a, nil
 }
 
 var banirqArg = regexp.MustCompile(`\s*--banirq=\d+`)
