@@ -2,23 +2,20 @@ package cli
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/rampart-fw/rampart/internal/bench"
-	"github.com/rampart-fw/rampart/internal/lab"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 func benchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
-		Use:   "bench lookup|rules|proxy",
-		Short: "Measure the data plane and the proxy, side by side in one run",
+		Use:   "bench lookup|rules",
+		Short: "Measure the data plane, side by side in one run",
 	}
 	c.AddCommand(benchLookupCmd(g), benchRulesCmd(g), benchProxyCmd(g))
 	return c
@@ -271,72 +268,12 @@ func lookupTable(res []bench.Result) [][]string {
 	return rows
 }
 
+// benchProxyCmd is `rampart lab proxy` under its old name, kept for one
+// release: same flags, same output, left out of the help.
 func benchProxyCmd(g *globals) *cobra.Command {
-	o := lab.ProxyBenchOptions{}
-	var methods string
-	c := &cobra.Command{
-		Use:   "proxy [--window 3s] [--rounds 2] [--sessions 100000] [--methods direct,rampart,haproxy,nginx]",
-		Short: "rampart proxy against direct routing, HAProxy and nginx stream, transparent, in three namespaces",
-		Long: `proxy builds three namespaces (a client, the proxy's host, a backend on
-its other link) and measures, per method, in interleaved rounds with a
-fresh topology each: one- and 16-connection TCP throughput (iperf3), new
-connections per second (16 clients; the backend answers two bytes and
-closes), and UDP packets per second reaching the backend from --sessions
-client sessions (the client's address over as many source ports, sent
-through a raw socket). direct is routed through the proxy's host with no
-proxy; rampart, HAProxy (source 0.0.0.0 usesrc clientip; no UDP) and
-nginx stream (proxy_bind $remote_addr transparent) connect from the
-client's address, checked at the backend. For rampart it also reads the
-proxy's resident memory at 1,000 sessions and at --sessions. Sessions are
-capped by the descriptor limit (RLIMIT_NOFILE less 2,000), which it raises
-when it runs as root.`,
-		Example: "  rampart bench proxy --json > proxy.json",
-		Args:    cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.Window < time.Second || o.Rounds < 1 || o.Sessions < 1000 {
-				return fmt.Errorf("--window must be at least 1s, --rounds at least 1, --sessions at least 1000")
-			}
-			for _, m := range strings.Split(methods, ",") {
-				if !slices.Contains(lab.ProxyMethods, m) {
-					return fmt.Errorf("--methods: %q is not one of %s", m, strings.Join(lab.ProxyMethods, ","))
-				}
-				o.Methods = append(o.Methods, m)
-			}
-			exe, err := os.Executable()
-			if err != nil {
-				return err
-			}
-			o.Exe = exe
-			if os.Getenv("RAMPART_TEST_AS_CLI") != "" {
-				o.ExeEnv = []string{"RAMPART_TEST_AS_CLI=1"} // a test binary acting as rampart
-			}
-			dir, err := os.MkdirTemp("", "rampart-bench-proxy-")
-			if err != nil {
-				return err
-			}
-			defer os.RemoveAll(dir)
-			o.Dir = dir
-			if g.interactive() {
-				o.Progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
-			}
-			rep, err := lab.BenchProxy(cmd.Context(), o)
-			if o.Progress != nil {
-				fmt.Fprint(g.env.Stderr, "\r\033[K")
-			}
-			if err != nil {
-				return err
-			}
-			if g.json {
-				return g.printJSON(rep)
-			}
-			rep.WriteTable(g.env.Stdout)
-			return nil
-		},
-	}
-	f := c.Flags()
-	f.DurationVar(&o.Window, "window", 3*time.Second, "each measurement's length")
-	f.IntVar(&o.Rounds, "rounds", 2, "interleaved rounds; medians are reported")
-	f.IntVar(&o.Sessions, "sessions", 100000, "UDP client sessions")
-	f.StringVar(&methods, "methods", strings.Join(lab.ProxyMethods, ","), "methods to compare")
+	c := labProxyCmd(g)
+	c.Hidden = true
+	c.Short = "Deprecated: rampart lab proxy under its old name, kept for one release"
+	c.Long = "Deprecated: use rampart lab proxy; bench proxy is kept for one release.\n\n" + c.Long
 	return c
 }

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/rampart-fw/rampart/internal/testutil"
@@ -107,5 +108,22 @@ func TestBenchRules(t *testing.T) {
 		if r.Rule == "drop" && r.VsDrop != 1 {
 			t.Errorf("the drop rule against itself: %v", r.VsDrop)
 		}
+	}
+}
+
+// TestBenchProxyAlias: bench proxy is lab proxy under its old name, with
+// the same flags, and says it is kept for one release.
+func TestBenchProxyAlias(t *testing.T) {
+	flags := func(help string) string {
+		_, f, _ := strings.Cut(help, "\nFlags:\n")
+		return f
+	}
+	lab := mustRampart(t, "lab", "proxy", "--help")
+	old := mustRampart(t, "bench", "proxy", "--help")
+	if flags(lab) == "" || flags(old) != flags(lab) {
+		t.Errorf("bench proxy's flags differ from lab proxy's:\n%s\n---\n%s", old, lab)
+	}
+	if !strings.Contains(old, "kept for one release") {
+		t.Errorf("bench proxy's help does not say it is kept for one release:\n%s", old)
 	}
 }

@@ -1,21 +1,23 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/netip"
 	"os"
-	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/rampart-fw/rampart/internal/lab"
+	"github.com/rampart-fw/rampart/internal/lab/drop"
+	"github.com/rampart-fw/rampart/internal/lab/egress"
+	"github.com/rampart-fw/rampart/internal/lab/flood"
+	labproxy "github.com/rampart-fw/rampart/internal/lab/proxy"
 )
 
 func labCmd(g *globals) *cobra.Command {
@@ -23,7 +25,7 @@ func labCmd(g *globals) *cobra.Command {
 		Use:   "lab",
 		Short: "Reproduce packet-filtering studies in network namespaces of its own",
 	}
-	c.AddCommand(labDropCmd(g), labFloodCmd(g), labEgressCmd(g))
+	c.AddCommand(labDropCmd(g), labFloodCmd(g), labEgressCmd(g), labProxyCmd(g))
 	return c
 }
 
@@ -49,7 +51,7 @@ generator flooding at its full rate:
   udp      datagrams from 2^24 random sources to the UDP service
   sources  datagrams from --sources sources, each far over a fair share
 
-Rows: ` + strings.Join(lab.DefenceNames(), ", ") + `; each defence
+Rows: ` + strings.Join(flood.DefenceNames(), ", ") + `; each defence
 runs against the floods it is for (the SYN defences against syn, the limit
 against udp and sources), and every family has an unflooded baseline.
 For every row: the legitimate requests answered within 1s and their p50/p99
@@ -64,9 +66,9 @@ flood.svg to --out and prints a table.`,
   rampart lab flood --floods syn --defences kernel-syncookies,rampart-syncookie --family 4`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := lab.FloodFull
+			opts := flood.Full
 			if quick {
-				opts = lab.FloodQuick
+				opts = flood.Quick
 			}
 			f := cmd.Flags()
 			if f.Changed("warmup") {
@@ -92,23 +94,23 @@ flood.svg to --out and prints a table.`,
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			return runLab(g, "flood", out, func(dir string, progress func(string)) (*lab.FloodReport, error) {
+			return runLab(g, "flood", out, func(dir string, progress func(string)) (*flood.Report, error) {
 				opts.Dir, opts.Progress = dir, progress
-				return lab.Flood(cmd.Context(), opts)
-			}, writeFloodFiles)
+				return flood.Run(cmd.Context(), opts)
+			}, renderFlood)
 		},
 	}
 	fl := c.Flags()
 	fl.BoolVar(&quick, "quick", false, "shorter windows (about a minute for every row and both families)")
-	fl.StringSliceVar(&floods, "floods", nil, "floods to run, comma-separated (default all): "+strings.Join(lab.FloodNames, ","))
-	fl.StringSliceVar(&defences, "defences", nil, "defences to run, comma-separated (default all): "+strings.Join(lab.DefenceNames(), ","))
+	fl.StringSliceVar(&floods, "floods", nil, "floods to run, comma-separated (default all): "+strings.Join(flood.Names, ","))
+	fl.StringSliceVar(&defences, "defences", nil, "defences to run, comma-separated (default all): "+strings.Join(flood.DefenceNames(), ","))
 	fl.StringVar(&family, "family", "both", "4, 6 or both")
 	fl.StringVar(&out, "out", "", "directory for flood.json, flood.png and flood.svg (default ./lab-flood-TIME)")
-	fl.DurationVar(&warmup, "warmup", lab.FloodFull.Warmup, "flood time before the window")
-	fl.DurationVar(&window, "window", lab.FloodFull.Window, "length of the measurement window")
-	fl.IntVar(&tcpRate, "tcp-rate", lab.FloodFull.TCPRate, "legitimate TCP connections per second")
-	fl.IntVar(&udpRate, "udp-rate", lab.FloodFull.UDPRate, "legitimate UDP requests per second")
-	fl.IntVar(&sources, "sources", lab.FloodFull.Sources, "sources of the sources flood")
+	fl.DurationVar(&warmup, "warmup", flood.Full.Warmup, "flood time before the window")
+	fl.DurationVar(&window, "window", flood.Full.Window, "length of the measurement window")
+	fl.IntVar(&tcpRate, "tcp-rate", flood.Full.TCPRate, "legitimate TCP connections per second")
+	fl.IntVar(&udpRate, "udp-rate", flood.Full.UDPRate, "legitimate UDP requests per second")
+	fl.IntVar(&sources, "sources", flood.Full.Sources, "sources of the sources flood")
 	return c
 }
 
@@ -126,7 +128,7 @@ func labEgressCmd(g *globals) *cobra.Command {
 		Long: `egress reruns the egress-filtering scale study (SAP and Kinvolk, 2020) in a
 client and a server namespace joined by a veth pair. Each method filters the
 client's outgoing traffic by a deny list of the study's mix (10% /24, 1% /16,
-the rest /32): ` + strings.Join(lab.EgressMethodNames(), ", ") + `.
+the rest /32): ` + strings.Join(egress.MethodNames(), ", ") + `.
 iptables is one OUTPUT rule per prefix (iptables-restore), ipset a hash:net
 set and one rule, nft-set an interval set and one rule, tc-lpm the study's
 own filter (clsact egress, cls_bpf, the kernel's LPM trie), rampart a real
@@ -148,9 +150,9 @@ pins are removed after each row, also on Ctrl-C.`,
   rampart lab egress --sizes 1000,1000000 --methods none,ipset,rampart --rounds 3`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := lab.EgressFull
+			opts := egress.Full
 			if quick {
-				opts = lab.EgressQuick
+				opts = egress.Quick
 			}
 			f := cmd.Flags()
 			if f.Changed("sizes") {
@@ -160,7 +162,7 @@ pins are removed after each row, also on Ctrl-C.`,
 				}
 			}
 			if large {
-				opts.Sizes = append(opts.Sizes, lab.EgressLarge...)
+				opts.Sizes = append(opts.Sizes, egress.Large...)
 			}
 			if f.Changed("rounds") {
 				opts.Rounds = rounds
@@ -175,98 +177,32 @@ pins are removed after each row, also on Ctrl-C.`,
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			return runLab(g, "egress", out, func(dir string, progress func(string)) (*lab.EgressReport, error) {
+			return runLab(g, "egress", out, func(dir string, progress func(string)) (*egress.Report, error) {
 				opts.Dir, opts.Progress = dir, progress
-				return lab.Egress(cmd.Context(), opts)
-			}, writeEgressFiles)
+				return egress.Run(cmd.Context(), opts)
+			}, renderEgress)
 		},
 	}
 	fl := c.Flags()
 	fl.BoolVar(&quick, "quick", false, "sizes 10, 10k and 1M, 2 rounds, 500 ms windows")
 	fl.BoolVar(&large, "large", false, "add 10M and 50M prefixes")
-	fl.StringSliceVar(&methods, "methods", nil, "methods to run, comma-separated (default all): "+strings.Join(lab.EgressMethodNames(), ","))
+	fl.StringSliceVar(&methods, "methods", nil, "methods to run, comma-separated (default all): "+strings.Join(egress.MethodNames(), ","))
 	fl.StringVar(&sizes, "sizes", "10,100,1000,10000,100000,1000000", "list sizes, comma-separated")
 	fl.StringVar(&dests, "destinations", "many", "many (4,096 addresses) or one (the study's single server address)")
-	fl.IntVar(&rounds, "rounds", lab.EgressFull.Rounds, "rounds (the report gives median and min-max)")
-	fl.DurationVar(&window, "window", lab.EgressFull.Window, "length of each throughput test")
-	fl.DurationVar(&budget, "budget", lab.EgressFull.Budget, "a method whose set-up takes longer is reported as over budget")
+	fl.IntVar(&rounds, "rounds", egress.Full.Rounds, "rounds (the report gives median and min-max)")
+	fl.DurationVar(&window, "window", egress.Full.Window, "length of each throughput test")
+	fl.DurationVar(&budget, "budget", egress.Full.Budget, "a method whose set-up takes longer is reported as over budget")
 	fl.StringVar(&out, "out", "", "directory for egress.json, egress.csv and the charts (default ./lab-egress-TIME)")
 	return c
 }
 
-// reportFiles writes a lab's files into dir and keeps their paths.
-type reportFiles struct {
-	dir   string
-	files []string
-}
-
-func (w *reportFiles) write(name string, data []byte) error {
-	p := filepath.Join(w.dir, name)
-	w.files = append(w.files, p)
-	return os.WriteFile(p, data, 0o644)
-}
-
-func (w *reportFiles) json(name string, v any) error {
-	js, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return w.write(name, append(js, '\n'))
-}
-
-func (w *reportFiles) csv(name string, writeCSV func(io.Writer) error) error {
-	var b bytes.Buffer
-	if err := writeCSV(&b); err != nil {
-		return err
-	}
-	return w.write(name, b.Bytes())
-}
-
-// charts writes name.png and name.svg.
-func (w *reportFiles) charts(name string, chart func(format string) ([]byte, error)) error {
-	for _, format := range []string{"png", "svg"} {
-		b, err := chart(format)
-		if err != nil {
-			return fmt.Errorf("chart: %w", err)
-		}
-		if err := w.write(name+"."+format, b); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func writeDropFiles(rep *lab.Report, dir string) ([]string, error) {
-	w := &reportFiles{dir: dir}
-	err := errors.Join(w.json("drop.json", rep), w.csv("drop.csv", rep.WriteCSV), w.charts("drop", rep.Chart))
-	return w.files, err
-}
-
-func writeFloodFiles(rep *lab.FloodReport, dir string) ([]string, error) {
-	w := &reportFiles{dir: dir}
-	err := errors.Join(w.json("flood.json", rep), w.charts("flood", rep.Chart))
-	return w.files, err
-}
-
-// writeEgressFiles writes a chart for each metric something measured.
-func writeEgressFiles(rep *lab.EgressReport, dir string) ([]string, error) {
-	w := &reportFiles{dir: dir}
-	err := errors.Join(w.json("egress.json", rep), w.csv("egress.csv", rep.WriteCSV))
-	for _, metric := range lab.EgressMetrics {
-		if rep.Measured(metric) {
-			err = errors.Join(err, w.charts("egress-"+metric, func(format string) ([]byte, error) { return rep.Chart(metric, format) }))
-		}
-	}
-	return w.files, err
-}
-
 // runLab is what the lab commands share: root, the output and work
-// directories, progress, the report written also when the run stops short,
-// and the table or JSON.
+// directories, progress, the report's files written also when the run
+// stops short, and the table or JSON.
 func runLab[R any, P interface {
 	*R
-	WriteTable(io.Writer)
-}](g *globals, name, out string, run func(dir string, progress func(string)) (P, error), write func(P, string) ([]string, error)) error {
+	WriteFiles(dir string) ([]string, error)
+}](g *globals, name, out string, run func(dir string, progress func(string)) (P, error), render func(io.Writer, P)) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("lab %s needs root: it creates network namespaces and loads BPF programs (run it with sudo)", name)
 	}
@@ -281,18 +217,13 @@ func runLab[R any, P interface {
 		return err
 	}
 	defer os.RemoveAll(work)
-	var progress func(string)
-	if g.interactive() {
-		progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
-	}
+	progress, clearProgress := g.progressLine()
 	rep, err := run(work, progress)
-	if progress != nil {
-		fmt.Fprint(g.env.Stderr, "\r\033[K")
-	}
+	clearProgress()
 	if rep == nil { // a run that could not start has no report
 		return err
 	}
-	files, werr := write(rep, out)
+	files, werr := rep.WriteFiles(out)
 	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("interrupted: the lab's namespaces, rules and pins are removed; partial results in %s", out)
 	}
@@ -305,9 +236,19 @@ func runLab[R any, P interface {
 	if g.json {
 		return g.printJSON(rep)
 	}
-	rep.WriteTable(g.env.Stdout)
+	render(g.env.Stdout, rep)
 	fmt.Fprintf(g.env.Stdout, "\nwrote %s\n", strings.Join(files, ", "))
 	return nil
+}
+
+// progressLine draws progress on one line of stderr when it is a terminal
+// (say is nil otherwise); clear wipes the line.
+func (g *globals) progressLine() (say func(string), clear func()) {
+	if !g.interactive() {
+		return nil, func() {}
+	}
+	say = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
+	return say, func() { fmt.Fprint(g.env.Stderr, "\r\033[K") }
 }
 
 // families reads --family.
@@ -338,7 +279,7 @@ func labDropCmd(g *globals) *cobra.Command {
 		Long: `drop floods a veth pair between two network namespaces of its own with an
 in-kernel generator (BPF_PROG_RUN in live-frames mode: random sources and
 ports, one flow per packet, as in the study) and measures, layer by layer,
-how fast the receiving CPU drops it: ` + strings.Join(lab.LayerNames(), ", ") + `.
+how fast the receiving CPU drops it: ` + strings.Join(drop.LayerNames(), ", ") + `.
 
 The list-based layers (ipset, nft-set, xdp-lpm, xdp-filter, rampart) drop
 by a list of the flood's own sources (--list-size, 1M by default), each
@@ -353,9 +294,9 @@ to --out and prints a table with the study's numbers beside the run's.`,
   rampart lab drop --layers iptables-raw,xdp-native,rampart --family 4 --out /tmp/lab`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			opts := lab.Full
+			opts := drop.Full
 			if quick {
-				opts = lab.Quick
+				opts = drop.Quick
 			}
 			f := cmd.Flags()
 			if f.Changed("warmup") {
@@ -381,24 +322,88 @@ to --out and prints a table with the study's numbers beside the run's.`,
 			if err := opts.Validate(); err != nil {
 				return err
 			}
-			return runLab(g, "drop", out, func(dir string, progress func(string)) (*lab.Report, error) {
+			return runLab(g, "drop", out, func(dir string, progress func(string)) (*drop.Report, error) {
 				opts.Dir, opts.Progress = dir, progress
-				return lab.Drop(cmd.Context(), opts)
-			}, writeDropFiles)
+				return drop.Run(cmd.Context(), opts)
+			}, renderDrop)
 		},
 	}
 	fl := c.Flags()
 	fl.BoolVar(&quick, "quick", false, "fewer and shorter windows (under two minutes for every layer and both families)")
-	fl.StringSliceVar(&layers, "layers", nil, "layers to run, comma-separated (default all): "+strings.Join(lab.LayerNames(), ","))
+	fl.StringSliceVar(&layers, "layers", nil, "layers to run, comma-separated (default all): "+strings.Join(drop.LayerNames(), ","))
 	fl.StringVar(&family, "family", "both", "4, 6 or both")
 	fl.StringVar(&out, "out", "", "directory for drop.json, drop.csv, drop.png and drop.svg (default ./lab-drop-TIME)")
-	fl.DurationVar(&warmup, "warmup", lab.Full.Warmup, "flood time before the first window")
-	fl.DurationVar(&window, "window", lab.Full.Window, "length of one measurement window")
-	fl.IntVar(&repeats, "repeats", lab.Full.Repeats, "windows per layer (the report gives median and min-max)")
-	fl.IntVar(&sources, "list-size", lab.DefaultSources, "flood sources per family, the list the list-based layers load")
-	fl.IntVar(&sources, "sources", lab.DefaultSources, "")
+	fl.DurationVar(&warmup, "warmup", drop.Full.Warmup, "flood time before the first window")
+	fl.DurationVar(&window, "window", drop.Full.Window, "length of one measurement window")
+	fl.IntVar(&repeats, "repeats", drop.Full.Repeats, "windows per layer (the report gives median and min-max)")
+	fl.IntVar(&sources, "list-size", drop.DefaultSources, "flood sources per family, the list the list-based layers load")
+	fl.IntVar(&sources, "sources", drop.DefaultSources, "")
 	fl.MarkDeprecated("sources", "use --list-size")
 	fl.StringVar(&src4, "src4", lab.DefaultSrc4.String(), "range the IPv4 flood's sources are drawn from")
 	fl.StringVar(&src6, "src6", lab.DefaultSrc6.String(), "range the IPv6 flood's sources are drawn from (one /64 each)")
+	return c
+}
+
+func labProxyCmd(g *globals) *cobra.Command {
+	o := labproxy.Options{}
+	var methods string
+	c := &cobra.Command{
+		Use:   "proxy [--window 3s] [--rounds 2] [--sessions 100000] [--methods direct,rampart,haproxy,nginx]",
+		Short: "rampart proxy against direct routing, HAProxy and nginx stream, transparent, in three namespaces",
+		Long: `proxy builds three namespaces (a client, the proxy's host, a backend on
+its other link) and measures, per method, in interleaved rounds with a
+fresh topology each: one- and 16-connection TCP throughput (iperf3), new
+connections per second (16 clients; the backend answers two bytes and
+closes), and UDP packets per second reaching the backend from --sessions
+client sessions (the client's address over as many source ports, sent
+through a raw socket). direct is routed through the proxy's host with no
+proxy; rampart, HAProxy (source 0.0.0.0 usesrc clientip; no UDP) and
+nginx stream (proxy_bind $remote_addr transparent) connect from the
+client's address, checked at the backend. For rampart it also reads the
+proxy's resident memory at 1,000 sessions and at --sessions. Sessions are
+capped by the descriptor limit (RLIMIT_NOFILE less 2,000), which it raises
+when it runs as root.`,
+		Example: "  rampart lab proxy --json > proxy.json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Window < time.Second || o.Rounds < 1 || o.Sessions < 1000 {
+				return fmt.Errorf("--window must be at least 1s, --rounds at least 1, --sessions at least 1000")
+			}
+			for _, m := range strings.Split(methods, ",") {
+				if !slices.Contains(labproxy.Methods, m) {
+					return fmt.Errorf("--methods: %q is not one of %s", m, strings.Join(labproxy.Methods, ","))
+				}
+				o.Methods = append(o.Methods, m)
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o.Exe = exe
+			dir, err := os.MkdirTemp("", "rampart-lab-proxy-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			o.Dir = dir
+			progress, clearProgress := g.progressLine()
+			o.Progress = progress
+			rep, err := labproxy.Run(cmd.Context(), o)
+			clearProgress()
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(rep)
+			}
+			renderProxy(g.env.Stdout, cmd.CommandPath(), rep)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.DurationVar(&o.Window, "window", 3*time.Second, "each measurement's length")
+	f.IntVar(&o.Rounds, "rounds", 2, "interleaved rounds; medians are reported")
+	f.IntVar(&o.Sessions, "sessions", 100000, "UDP client sessions")
+	f.StringVar(&methods, "methods", strings.Join(labproxy.Methods, ","), "methods to compare")
 	return c
 }

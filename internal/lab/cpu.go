@@ -4,28 +4,55 @@ import (
 	"bufio"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 )
 
-// cpuTimes is one CPU's line of /proc/stat, in clock ticks.
-type cpuTimes struct {
+// CPUPlan says where the generator, the receive path and the application
+// run.
+type CPUPlan struct{ Gen, Rx, App int }
+
+// CPUs picks where things run: the generator on CPU 0, the receive path on
+// CPU 1, the recvmmsg application on a CPU of its own when there is a third
+// (as in the study) and else beside the receive path, never beside the
+// generator, whose rate it would take. One CPU runs everything.
+func CPUs() CPUPlan {
+	switch n := runtime.NumCPU(); {
+	case n >= 3:
+		return CPUPlan{Gen: 0, Rx: 1, App: 2}
+	case n == 2:
+		return CPUPlan{Gen: 0, Rx: 1, App: 1}
+	}
+	return CPUPlan{}
+}
+
+// Receivers are the CPUs whose busy time a dropped packet costs.
+func (c CPUPlan) Receivers() []int {
+	if c.App != c.Rx && c.App != c.Gen {
+		return []int{c.Rx, c.App}
+	}
+	return []int{c.Rx}
+}
+
+// CPUTimes is one CPU's line of /proc/stat, in clock ticks.
+type CPUTimes struct {
 	busy, total uint64
 }
 
-// readCPU reads the times of one CPU. Busy is user, nice, system, irq and
+// ReadCPU reads the times of one CPU. Busy is user, nice, system, irq and
 // softirq (the receive path runs in the last three); total adds idle,
 // iowait and steal, time the CPU was not ours to use.
-func readCPU(cpu int) (cpuTimes, error) {
+func ReadCPU(cpu int) (CPUTimes, error) {
 	f, err := os.Open("/proc/stat")
 	if err != nil {
-		return cpuTimes{}, err
+		return CPUTimes{}, err
 	}
 	defer f.Close()
 	return parseCPU(bufio.NewScanner(f), cpu)
 }
 
-func parseCPU(sc *bufio.Scanner, cpu int) (cpuTimes, error) {
+func parseCPU(sc *bufio.Scanner, cpu int) (CPUTimes, error) {
 	want := "cpu" + strconv.Itoa(cpu)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
@@ -36,19 +63,19 @@ func parseCPU(sc *bufio.Scanner, cpu int) (cpuTimes, error) {
 		for i := range v {
 			n, err := strconv.ParseUint(fields[1+i], 10, 64)
 			if err != nil {
-				return cpuTimes{}, fmt.Errorf("/proc/stat %s: %w", want, err)
+				return CPUTimes{}, fmt.Errorf("/proc/stat %s: %w", want, err)
 			}
 			v[i] = n
 		}
 		user, nice, system, idle, iowait, irq, softirq, steal := v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]
 		busy := user + nice + system + irq + softirq
-		return cpuTimes{busy: busy, total: busy + idle + iowait + steal}, nil
+		return CPUTimes{busy: busy, total: busy + idle + iowait + steal}, nil
 	}
-	return cpuTimes{}, fmt.Errorf("/proc/stat has no line for %s", want)
+	return CPUTimes{}, fmt.Errorf("/proc/stat has no line for %s", want)
 }
 
-// busySince is the fraction of the interval since prev the CPU was busy.
-func (c cpuTimes) busySince(prev cpuTimes) float64 {
+// BusySince is the fraction of the interval since prev the CPU was busy.
+func (c CPUTimes) BusySince(prev CPUTimes) float64 {
 	if c.total <= prev.total {
 		return 0
 	}

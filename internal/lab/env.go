@@ -41,14 +41,16 @@ type Host struct {
 	CPUs     int    `json:"cpus"`
 }
 
-func thisHost() Host {
+// ThisHost describes the running machine.
+func ThisHost() Host {
 	return Host{Kernel: kernelRelease(), CPUModel: cpuModel(), CPUs: runtime.NumCPU()}
 }
 
 // Progress, when set, hears what a lab run is doing.
 type Progress func(msg string)
 
-func (p Progress) say(msg string) {
+// Say passes msg on, when anyone listens.
+func (p Progress) Say(msg string) {
 	if p != nil {
 		p(msg)
 	}

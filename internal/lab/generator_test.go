@@ -13,31 +13,31 @@ import (
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
-// TestFloodSources: the sources are distinct, inside the range, and as many
+// TestTrafficSources: the sources are distinct, inside the range, and as many
 // as asked; a range too small for them is refused.
-func TestFloodSources(t *testing.T) {
+func TestTrafficSources(t *testing.T) {
 	for _, tc := range []struct {
 		family int
 		src    string
 		n      int
 	}{{4, "10.0.0.0/8", 100000}, {4, "192.0.2.0/24", 256}, {6, "fd10::/32", 100000}, {6, "2001:db8:ab00::/40", 1 << 16}} {
-		f, err := newFlood(tc.family, netip.MustParsePrefix(tc.src), tc.n)
+		f, err := NewTraffic(tc.family, netip.MustParsePrefix(tc.src), tc.n)
 		if err != nil {
 			t.Fatal(err)
 		}
 		seen := map[netip.Prefix]bool{}
 		for i := range uint32(tc.n) {
-			p := f.source(i)
+			p := f.Source(i)
 			if !netip.MustParsePrefix(tc.src).Contains(p.Addr()) || seen[p] {
 				t.Fatalf("%s: source %d = %s outside the range or repeated", tc.src, i, p)
 			}
 			seen[p] = true
 		}
 	}
-	if _, err := newFlood(4, netip.MustParsePrefix("192.0.2.0/24"), 257); err == nil {
+	if _, err := NewTraffic(4, netip.MustParsePrefix("192.0.2.0/24"), 257); err == nil {
 		t.Error("257 sources in a /24 accepted")
 	}
-	if _, err := newFlood(6, netip.MustParsePrefix("10.0.0.0/8"), 1); err == nil {
+	if _, err := NewTraffic(6, netip.MustParsePrefix("10.0.0.0/8"), 1); err == nil {
 		t.Error("an IPv4 range for the IPv6 flood accepted")
 	}
 }
@@ -55,24 +55,24 @@ func TestGeneratorFrames(t *testing.T) {
 		src    string
 		proto  uint8
 	}{{4, "10.0.0.0/8", 17}, {6, "fd10::/32", 17}, {4, "10.0.0.0/8", 6}, {6, "fd10::/32", 6}} {
-		f, err := newFlood(tc.family, netip.MustParsePrefix(tc.src), 1000)
+		f, err := NewTraffic(tc.family, netip.MustParsePrefix(tc.src), 1000)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if tc.proto == 6 {
-			f.proto, f.port = 6, 80
+			f.Proto, f.Port = 6, 80
 		}
 		listed := map[netip.Prefix]bool{}
-		for i := range f.count {
-			listed[f.source(i)] = true
+		for i := range f.Count {
+			listed[f.Source(i)] = true
 		}
-		topo := &topology{genIndex: 1, genMAC: []byte{2, 0, 0, 0, 0, 1}, rxMAC: []byte{2, 0, 0, 0, 0, 2}}
-		objs, err := loadObjects(topo, f)
+		topo := &Topology{GenIndex: 1, GenMAC: []byte{2, 0, 0, 0, 0, 1}, RxMAC: []byte{2, 0, 0, 0, 0, 2}}
+		objs, err := LoadObjects(topo, f)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer objs.Close()
-		frame := f.frame(topo.genMAC, topo.rxMAC)
+		frame := f.frame(topo.GenMAC, topo.RxMAC)
 		ports := map[uint16]bool{}
 		for i := range 200 {
 			if i%2 == 1 {
@@ -85,7 +85,7 @@ func TestGeneratorFrames(t *testing.T) {
 				t.Fatal(err)
 			}
 			frame = out
-			if !bytes.Equal(out[:12], append(slices.Clone(topo.rxMAC), topo.genMAC...)) {
+			if !bytes.Equal(out[:12], append(slices.Clone(topo.RxMAC), topo.GenMAC...)) {
 				t.Fatalf("MACs % x, want the receiver's then the generator's", out[:12])
 			}
 			var src netip.Prefix
@@ -108,8 +108,8 @@ func TestGeneratorFrames(t *testing.T) {
 			if !l4ChecksumOK(out, tc.family, tc.proto) {
 				t.Fatalf("L4 checksum does not verify: % x", out)
 			}
-			if dport := binary.BigEndian.Uint16(l4[2:]); dport != f.port {
-				t.Fatalf("destination port %d, want %d", dport, f.port)
+			if dport := binary.BigEndian.Uint16(l4[2:]); dport != f.Port {
+				t.Fatalf("destination port %d, want %d", dport, f.Port)
 			}
 			if tc.proto == 6 && l4[13] != 0x02 {
 				t.Fatalf("TCP flags %#x, want a SYN", l4[13])
