@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -303,5 +305,68 @@ func TestListReachesItsNamespacesService(t *testing.T) {
 	_, err := rampart(t, "list", "add", "bl", "203.0.113.9")
 	if err == nil || !strings.Contains(err.Error(), "filters network namespace "+p.NsB+", not the host's namespace") {
 		t.Errorf("list add through another namespace's service: %v", err)
+	}
+}
+
+// TestConcurrentApplies: applies racing from separate processes on one
+// interface and one pin and state root are taken one at a time. Each either
+// lands whole or fails whole; afterwards one generation runs, status names
+// one of the policies, and the traffic is judged by exactly that policy.
+func TestConcurrentApplies(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	const n = 4
+	exe, _ := os.Executable()
+	hashes := map[string]int{} // policy hash → the port it drops
+	cmds := make([]*exec.Cmd, n)
+	for i := range cmds {
+		port := 9100 + i
+		pol := writeFile(t, fmt.Sprintf("p%d.yaml", i), fmt.Sprintf("rules:\n  - {name: d%d, proto: udp, dport: %d, action: drop}\n", i, port))
+		var checked struct {
+			PolicyHash string `json:"policy_hash"`
+		}
+		jsonOf(t, &checked, "check", "-f", pol)
+		hashes[checked.PolicyHash] = port
+		cmds[i] = exec.Command(exe, "apply", "-f", pol, "--netns", p.NsB, "--iface", p.IfB)
+		cmds[i].Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
+	}
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	outs := make([][]byte, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, c := range cmds {
+		wg.Add(1)
+		go func() { defer wg.Done(); outs[i], errs[i] = c.CombinedOutput() }()
+	}
+	wg.Wait()
+	landed := 0
+	for i, err := range errs {
+		if err == nil {
+			landed++
+		} else {
+			t.Logf("apply %d: %v\n%s", i, err, outs[i])
+		}
+	}
+	if landed == 0 {
+		t.Fatal("no apply landed")
+	}
+	st := hookStatus(t, p.NsB)
+	if len(st.Hooks) != 1 || !st.Hooks[0].Attached {
+		t.Fatalf("status %+v, want one attached hook", st)
+	}
+	dropped, ok := hashes[st.Hooks[0].PolicyHash]
+	if !ok {
+		t.Fatalf("status names policy %s, none of those applied (%v)", st.Hooks[0].PolicyHash, hashes)
+	}
+	for port := 9100; port < 9100+n; port++ {
+		l := testutil.UDPListener(t, p.NsB, p.B4, port)
+		testutil.SendUDP(t, p.NsA, p.B4, port, 50)
+		got, want := testutil.CountUDP(l, 300*time.Millisecond), 50
+		if port == dropped {
+			want = 0
+		}
+		if got != want {
+			t.Errorf("port %d: %d of 50 datagrams arrived, want %d (status runs the policy dropping %d)", port, got, want, dropped)
+		}
 	}
 }
