@@ -15,9 +15,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rampart-fw/rampart/internal/netns"
-	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/proxy"
 	"github.com/rampart-fw/rampart/internal/unixhttp"
+	"github.com/rampart-fw/rampart/internal/yamlpos"
 )
 
 func proxyCmd(g *globals) *cobra.Command {
@@ -79,7 +79,7 @@ The file:
 				var err error
 				if cfg, err = proxy.Parse("--listen/--backend", []byte(text)); err != nil {
 					// Name the flag, not a line of the text built from them.
-					var pe *policy.Error
+					var pe *yamlpos.Error
 					if flag := map[string]string{"listen": "--listen", "backends": "--backend"}[fieldOf(err, &pe)]; flag != "" {
 						return fmt.Errorf("%s %s", flag, pe.Msg)
 					}
@@ -249,8 +249,8 @@ the mark. Both use table --table via --proxy. --undo removes it.`,
 	return c
 }
 
-// fieldOf is the field a policy.Error names ("" for other errors).
-func fieldOf(err error, pe **policy.Error) string {
+// fieldOf is the field a yamlpos.Error names ("" for other errors).
+func fieldOf(err error, pe **yamlpos.Error) string {
 	if errors.As(err, pe) {
 		return (*pe).Field
 	}
