@@ -421,3 +421,40 @@ func unlabeled(text, name string) float64 {
 	v, _ := strconv.ParseFloat(m[1], 64)
 	return v
 }
+
+// TestServeSIGHUPBurst: a burst of 100 SIGHUPs is taken as a few reloads,
+// not 100 queued ones (signals that arrive while one runs are one more),
+// and the service still answers and filters afterwards.
+func TestServeSIGHUPBurst(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "p.yaml", "rules:\n  - {name: d, proto: udp, dport: 9000, action: drop}\n")
+	port := freePort(t)
+	cmd, api, log := startServe(t, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	t.Cleanup(func() { rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB) })
+	ok := func() float64 { return metric(t, scrape(t, port), "rampart_reloads_total", `result="success"`) }
+	before := ok()
+	for range 100 {
+		cmd.Process.Signal(syscall.SIGHUP)
+	}
+	// Quiet for a second: the burst has been taken.
+	last := ok()
+	for quiet := time.Now(); time.Since(quiet) < time.Second; time.Sleep(100 * time.Millisecond) {
+		if n := ok(); n != last {
+			last, quiet = n, time.Now()
+		}
+	}
+	t.Logf("100 SIGHUPs: %v reloads", last-before)
+	if n := last - before; n < 1 || n > 5 {
+		t.Errorf("100 SIGHUPs made %v reloads, want 1 to 5\n%s", n, log.String())
+	}
+	var st struct{ Hooks []any }
+	if err := api.Do("GET", "/v1/status", nil, &st); err != nil || len(st.Hooks) != 1 {
+		t.Fatalf("status after the burst: %+v, %v", st, err)
+	}
+	dropped := testutil.UDPListener(t, p.NsB, p.B4, 9000)
+	testutil.SendUDP(t, p.NsA, p.B4, 9000, 50)
+	if got := testutil.CountUDP(dropped, 300*time.Millisecond); got != 0 {
+		t.Errorf("%d datagrams to the dropped port arrived after the burst", got)
+	}
+}
