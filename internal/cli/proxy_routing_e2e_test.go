@@ -372,3 +372,43 @@ func TestProxyNetns(t *testing.T) {
 		t.Errorf("left after the proxy stopped:\n%s", got)
 	}
 }
+
+// TestProxyStatusPath: proxy --status at a regular file is refused and the
+// file kept; at the live socket of a running proxy it is refused and that
+// proxy keeps answering; neither refused start changes the routing.
+func TestProxyStatusPath(t *testing.T) {
+	testutil.Privileged(t)
+	l := backendLab(t)
+	dir := t.TempDir()
+	cfgA, cfgB := filepath.Join(dir, "a.yaml"), filepath.Join(dir, "b.yaml")
+	os.WriteFile(cfgA, []byte(tcpProxyYAML), 0o644)
+	os.WriteFile(cfgB, []byte("table: 7101\n"+udpProxyYAML), 0o644)
+
+	file := filepath.Join(dir, "notes")
+	os.WriteFile(file, []byte("keep me\n"), 0o644)
+	out, err := rampartCmd(l.proxy, "proxy", "-f", cfgA, "--status", file).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "not a socket") {
+		t.Errorf("--status at a regular file: %v\n%s", err, out)
+	}
+	if b, _ := os.ReadFile(file); string(b) != "keep me\n" {
+		t.Errorf("the file at --status became %q", b)
+	}
+	if got := proxyRouting(t, l.proxy); strings.TrimSpace(got) != "" {
+		t.Errorf("the refused start left routing:\n%s", got)
+	}
+
+	sock := filepath.Join(dir, "a.sock")
+	runProxyCmd(t, rampartCmd(l.proxy, "proxy", "-f", cfgA, "--status", sock), sock)
+	rules := rulesOf(t, l.proxy)
+	out, err = rampartCmd(l.proxy, "proxy", "-f", cfgB, "--status", sock).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "answers") {
+		t.Errorf("--status at a running proxy's socket: %v\n%s", err, out)
+	}
+	if _, err := proxy.ReadStatus(sock); err != nil {
+		t.Errorf("the running proxy no longer answers on its socket: %v", err)
+	}
+	if got := rulesOf(t, l.proxy); got != rules {
+		t.Errorf("the refused start changed the rules:\n%s\nwant:\n%s", got, rules)
+	}
+	throughTCP(t, l, "after the refused starts")
+}
