@@ -18,10 +18,16 @@ deb:
 # other bytes, and check-generated would fail for no fault of bpf/.
 CLANG_VERSION := 19.1.7
 
-# Rebuilds internal/*/*_bpfel.{go,o} from bpf/ with the pinned clang.
+# Rebuilds internal/*/*_bpfel.{go,o} from bpf/ with the pinned clang. bpf2go
+# reads the compiler and the flags every object shares from the environment;
+# the go:generate lines add what differs by object. -nostdinc: headers come
+# from bpf/include (bpf/include/update.sh), never from the build host.
+generate: export BPF2GO_CC := clang-19
+generate: export BPF2GO_STRIP := llvm-strip-19
+generate: export BPF2GO_CFLAGS := -O2 -g -Wall -Werror -nostdinc -I$(CURDIR)/bpf/include
 generate:
-	@clang-19 --version | grep -q "version $(CLANG_VERSION)" || \
-	  (echo "make generate needs clang $(CLANG_VERSION) (clang-19; scripts/setup.sh installs it)" >&2; exit 1)
+	@$(BPF2GO_CC) --version | grep -q "version $(CLANG_VERSION)" || \
+	  (echo "make generate needs clang $(CLANG_VERSION) ($(BPF2GO_CC); scripts/setup.sh installs it)" >&2; exit 1)
 	$(GO) generate ./internal/...
 
 # Fails when the committed objects do not match bpf/.

@@ -110,7 +110,7 @@ enum field_base {
 	FIELD_VALUES = BASE_LENGTH + 65537,
 };
 
-/* What a policy sets before load: one read-only global (cfg in filter.c),
+/* What a policy sets before load: one read-only global (cfg in flood.h),
  * filled from Go as abi.Config. */
 struct config {
 	__u64 flood_key[2];          /* SipHash key, random for every load */

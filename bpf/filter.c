@@ -5,6 +5,8 @@
 #include "parse.h"
 #include "lists.h"
 #include "flood.h"
+#include "limit.h"
+#include "syncookie.h"
 
 char __license[] SEC("license") = "GPL";
 
@@ -289,6 +291,16 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
 	return m.first;
 }
 
+/* The rule entry a parsed frame matches first, NULL when none does; in
+ * *maybe, as classify says, the kinds of action of earlier entries that
+ * might have. Inlined: a frame of its own would add to the stack of the
+ * chain of calls through classify, at the 512 bytes Linux 6.1 allows. */
+static __always_inline struct rule *first_rule(struct pkt *p, __u32 *maybe)
+{
+	__u32 first = classify(p, maybe);
+	return first == NO_ENTRY ? 0 : bpf_map_lookup_elem(&rules, &first);
+}
+
 static __always_inline void count(__u32 slot, __u64 bytes)
 {
 	struct counter *c = bpf_map_lookup_elem(&counters, &slot);
@@ -322,14 +334,11 @@ static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p, __u32 
 	}
 
 	__u32 maybe = 0;
-	__u32 first = classify(p, &maybe);
+	struct rule *r = first_rule(p, &maybe);
 
 	__u8 act = cfg.default_action;
 	__u32 slot = SLOT_DEFAULT;
-	if (first != NO_ENTRY) {
-		struct rule *r = bpf_map_lookup_elem(&rules, &first);
-		if (!r)
-			return VERDICT_PASS;
+	if (r) {
 		act = r->action;
 		*rule = r->rule;
 		slot = SLOT_RULE0 + r->rule;
@@ -373,22 +382,21 @@ int rampart_xdp(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
-/* Never called, never loaded: its signature puts the enums of common.h into
- * the object's BTF, from which internal/abi is generated (BTF keeps no trace
- * of types only constants use). */
+/* The enums of common.h that internal/abi/gen turns into Go constants, in
+ * this order. abi_enums, never called, never loaded, puts them into the
+ * object's BTF: BTF keeps no trace of types only constants use. */
 struct abi_enums {
-	enum limits a;
-	enum slot b;
-	enum action c;
-	enum match_field d;
-	enum v4_entry e;
-	enum v6_table f;
-	enum cuckoo g;
-	enum limit_flags h;
-	enum rule_event i;
-	enum field j;
-	enum field_base k;
-	struct config l;
+	enum limits limits;
+	enum slot slot;
+	enum action action;
+	enum match_field match_field;
+	enum cuckoo cuckoo;
+	enum v4_entry v4_entry;
+	enum v6_table v6_table;
+	enum limit_flags limit_flags;
+	enum rule_event rule_event;
+	enum field field;
+	enum field_base field_base;
 };
 
 __attribute__((noinline)) int abi_enums(struct abi_enums *e)
@@ -427,8 +435,7 @@ int rampart_tc_cookie(struct __sk_buff *skb)
 	if (parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
 	__u32 maybe = 0;
-	__u32 first = classify(&p, &maybe);
-	struct rule *r = bpf_map_lookup_elem(&rules, &first);
+	struct rule *r = first_rule(&p, &maybe);
 	if (!r || r->action != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
 	return cookie_ack(skb, &p, r->rule) ? TCX_NEXT : TCX_DROP;

@@ -16,6 +16,8 @@
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "csum.h"
+
 char __license[] SEC("license") = "GPL";
 
 /* Generator configuration, set before load. */
@@ -56,24 +58,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } lab_drops SEC(".maps");
-
-/* One's-complement checksum update (RFC 1624: HC' = ~(~HC + ~m + m')),
- * inline: the bpf_csum_diff helper costs more than the rest of the
- * generator together. Words are summed as loaded; the one's-complement sum
- * does not depend on byte order. */
-static __always_inline __u64 csum_add_change(__u64 s, __u32 old, __u32 new)
-{
-	return s + (__u32)~old + new;
-}
-
-static __always_inline __u16 csum_fold(__u64 s)
-{
-	s = (s & 0xffffffff) + (s >> 32);
-	s = (s & 0xffffffff) + (s >> 32);
-	s = (s & 0xffff) + (s >> 16);
-	s = (s & 0xffff) + (s >> 16);
-	return ~s;
-}
 
 #define ETH_LEN 14
 #define IP4_LEN 20
@@ -122,7 +106,7 @@ int lab_gen(struct xdp_md *ctx)
 			return XDP_ABORTED;
 		__u32 old_addr = *(__u32 *)(ip + 12);
 		__u16 *ip_check = (__u16 *)(ip + 10);
-		*ip_check = csum_fold(csum_add_change((__u16)~*ip_check, old_addr, src));
+		*ip_check = csum_fold32(csum_add_change((__u16)~*ip_check, old_addr, src));
 		*(__u32 *)(ip + 12) = src;
 		s = csum_add_change((__u16)~*(__u16 *)(udp + csum_off), old_addr, src);
 	} else {
@@ -141,11 +125,11 @@ int lab_gen(struct xdp_md *ctx)
 	old_ports = *(__u32 *)udp;
 	new_ports = old_ports;
 	*(__u16 *)&new_ports = sport;
-	__u16 c = csum_fold(csum_add_change(s, old_ports, new_ports));
+	__u16 c = csum_fold32(csum_add_change(s, old_ports, new_ports));
 	if (gen_proto == IPPROTO_TCP) {
 		/* A new sequence number for every SYN, as a flood tool sends. */
 		__u32 old_seq = *(__u32 *)(udp + 4), seq = bpf_get_prandom_u32();
-		c = csum_fold(csum_add_change((__u16)~c, old_seq, seq));
+		c = csum_fold32(csum_add_change((__u16)~c, old_seq, seq));
 		*(__u32 *)(udp + 4) = seq;
 		*(__u16 *)(udp + 16) = c;
 	} else {

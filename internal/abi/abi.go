@@ -8,5 +8,8 @@ package abi
 // The filter's loader (bpf2go, without types: they are here) goes to
 // internal/datapath; this package's types come from that object, so one
 // directive list keeps the order.
-//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -tags linux -target bpfel -no-global-types -go-package datapath -output-dir ../datapath -cflags "-O2 -g -Wall -Werror -I../../bpf/include" filter ../../bpf/filter.c -- -I../../bpf
+// make generate sets the compiler and its flags (BPF2GO_*), the same for
+// every object.
+//go:generate sh -c "test -n '$BPF2GO_CFLAGS' || { echo 'BPF2GO_CFLAGS is unset: build the BPF objects with make generate' >&2; exit 1; }"
+//go:generate go tool bpf2go -tags linux -target bpfel -no-global-types -go-package datapath -output-dir ../datapath filter ../../bpf/filter.c
 //go:generate go run ./gen -o abi_gen.go ../datapath/filter_bpfel.o

@@ -1,3 +1,6 @@
 package diagnose
 
-//go:generate go tool bpf2go -cc clang-19 -strip llvm-strip-19 -tags linux -target bpfel -type drop_key -type pending_drops -cflags "-O2 -g -Wall -Werror -I../../bpf/include" drops ../../bpf/drops.c -- -I../../bpf
+// make generate sets the compiler and its flags (BPF2GO_*), the same for
+// every object.
+//go:generate sh -c "test -n '$BPF2GO_CFLAGS' || { echo 'BPF2GO_CFLAGS is unset: build the BPF objects with make generate' >&2; exit 1; }"
+//go:generate go tool bpf2go -tags linux -target bpfel -type drop_key -type pending_drops drops ../../bpf/drops.c

@@ -46,8 +46,9 @@ var structs = []struct{ c, goName string }{
 	{"config", "Config"},
 }
 
-// The enums whose values become untyped constants.
-var enums = []string{"limits", "slot", "action", "match_field", "cuckoo", "v4_entry", "v6_table", "limit_flags", "rule_event", "field", "field_base"}
+// The struct whose members are the enums that become untyped constants, in
+// its order (bpf/filter.c).
+const enumList = "abi_enums"
 
 func main() {
 	out := flag.String("o", "abi_gen.go", "output file")
@@ -78,12 +79,16 @@ func main() {
 		}
 		fmt.Fprintf(&b, "// %s is struct %s.\n%s\n\n", s.goName, s.c, decl)
 	}
-	for _, name := range enums {
-		var e *btf.Enum
-		if err := spec.TypeByName(name, &e); err != nil {
-			log.Fatalf("enum %s: %v", name, err)
+	var list *btf.Struct
+	if err := spec.TypeByName(enumList, &list); err != nil {
+		log.Fatalf("struct %s: %v", enumList, err)
+	}
+	for _, m := range list.Members {
+		e, ok := m.Type.(*btf.Enum)
+		if !ok {
+			log.Fatalf("struct %s: member %s is not an enum", enumList, m.Name)
 		}
-		fmt.Fprintf(&b, "// enum %s\nconst (\n", name)
+		fmt.Fprintf(&b, "// enum %s\nconst (\n", e.Name)
 		for _, v := range e.Values {
 			fmt.Fprintf(&b, "\t%s = %d\n", constName(v.Name), v.Value)
 		}
