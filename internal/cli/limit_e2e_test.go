@@ -22,6 +22,7 @@ const limitPolicy = `rules:
   - {name: per-source, proto: udp, dport: 7002, action: limit, rate: 200/s, burst: 20, per: source}
   - {name: per-64, family: 6, proto: udp, dport: 7003, action: limit, rate: 200/s, burst: 20, per: source/64}
   - {name: fair-share, proto: udp, dport: [7004, 7005], action: limit, rate: 100/s, burst: 20, per: source}
+  - {name: fast, proto: udp, dport: 7006, action: limit, rate: 50000/s, burst: 5}
 default: pass
 `
 
@@ -144,6 +145,9 @@ func TestLimitRates(t *testing.T) {
 		{"per source, one", "per-source", 7002, sources{entropy: 1}, 200, 20, 1},
 		{"per source, 100", "per-source", 7002, sources{entropy: 100}, 200, 20, 100},
 		{"per /64, 100", "per-64", 7003, v6Pool(100), 200, 20, 100},
+		// The coarse clock steps by up to 10 ms, so a schedule's burst is at
+		// least the rate's 10 ms (500 here, not 5); the rate still holds.
+		{"fast, small burst", "fast", 7006, sources{entropy: 1}, 50000, 500, 1},
 	}
 	for _, c := range cases {
 		// The last case left its schedule a burst in debt: wait until it

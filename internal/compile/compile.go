@@ -128,9 +128,15 @@ func orAny(rs []policy.Range) []*policy.Range {
 	return out
 }
 
+// clockTick is the longest step of the coarse clock limits read
+// (bpf/limit.h): a jiffy at HZ=100, the coarsest Linux builds with.
+const clockTick = 10_000_000 // ns
+
 // limit turns a rate into the data plane's cell rate: the cost of one
 // packet (or byte, scaled) in ns, and how far ahead of now the schedule may
-// run for the burst to pass at once.
+// run for the burst to pass at once: at least a clock tick, or packets
+// arriving within one tick, which all read the same now, would be held to
+// the burst for the whole tick.
 func limit(l *policy.RateLimit) abi.Limit {
 	out := abi.Limit{Prefix4: uint8(l.Prefix4), Prefix6: uint8(l.Prefix6)}
 	if l.PerSource {
@@ -140,10 +146,10 @@ func limit(l *policy.RateLimit) abi.Limit {
 		out.Flags |= abi.LimitBytes
 		perByte := 8e9 / l.Rate // ns
 		out.Interval = uint64(perByte*(1<<abi.LimitByteShift) + 0.5)
-		out.Tolerance = uint64(perByte * float64(l.Burst))
+		out.Tolerance = max(uint64(perByte*float64(l.Burst)), clockTick)
 		return out
 	}
 	out.Interval = uint64(1e9/l.Rate + 0.5)
-	out.Tolerance = (l.Burst - 1) * out.Interval
+	out.Tolerance = max((l.Burst-1)*out.Interval, clockTick)
 	return out
 }
