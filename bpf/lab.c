@@ -301,6 +301,39 @@ int lab_xdp_lpm(struct xdp_md *ctx)
 	return XDP_DROP;
 }
 
+/* The floor of any list lookup: one dependent random read, keyed by the
+ * source, from an array as large as rampart's tables for the run's list
+ * (sized from Go), then the drop. Nothing writes the array, so the
+ * sentinel never matches; comparing with it keeps the read live. */
+volatile const __u32 floor_words = 1; /* lab_floor's entries */
+#define FLOOR_NEVER 0xffffffffu
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} lab_floor SEC(".maps");
+
+SEC("xdp")
+int lab_xdp_floor(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data, *data_end = (void *)(long)ctx->data_end;
+	if (!flood_match(data, data_end))
+		return XDP_PASS;
+	__u32 *a = data + ETH_LEN + (gen_family == 4 ? 12 : 8);
+	if ((void *)(a + 2) > data_end)
+		return XDP_PASS;
+	/* IPv4: the address; IPv6: its /64 folded, as the list holds /64s. */
+	__u32 src = gen_family == 4 ? a[0] : a[0] ^ a[1];
+	__u32 i = ((__u64)(src * 0x9e3779b1u) * floor_words) >> 32;
+	__u32 *w = bpf_map_lookup_elem(&lab_floor, &i);
+	if (!w || *w == FLOOR_NEVER)
+		return XDP_PASS;
+	count_drop();
+	return XDP_DROP;
+}
+
 /* `lab egress`'s tc-lpm method, the egress study's own filter: on the
  * client's clsact egress, an IPv4 packet whose destination the kernel's LPM
  * trie holds is dropped. */

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -91,9 +92,10 @@ func assertUnchanged(t *testing.T, before map[string]string) {
 	}
 }
 
-// TestLabDrop runs a short --quick study on three layers and checks the
-// JSON, that every layer's counter moved, that XDP dropped more than
-// iptables raw, the files, and that nothing was left behind.
+// TestLabDrop runs a short --quick study on three layers (and the floor
+// rampart's row brings) and checks the JSON, that every layer's counter
+// moved, that XDP dropped more than iptables raw, rampart's ratio to the
+// floor, the files, and that nothing was left behind.
 func TestLabDrop(t *testing.T) {
 	testutil.Privileged(t)
 	before := hostState(t)
@@ -105,8 +107,8 @@ func TestLabDrop(t *testing.T) {
 	}
 	jsonOf(t, &rep, "lab", "drop", "--quick", "--warmup", "300ms", "--window", "400ms",
 		"--layers", "iptables-raw,xdp-native,rampart", "--family", "4", "--list-size", "100000", "--out", out)
-	if len(rep.Results) != 3 {
-		t.Fatalf("want 3 results, got %+v", rep.Results)
+	if len(rep.Results) != 4 {
+		t.Fatalf("want 4 results (xdp-floor with rampart), got %+v", rep.Results)
 	}
 	by := map[string]labResult{}
 	for _, r := range rep.Results {
@@ -131,6 +133,12 @@ func TestLabDrop(t *testing.T) {
 	if m := by["rampart"].Mode; !strings.HasPrefix(m, "xdp") {
 		t.Errorf("rampart's auto mode on veth chose %q, want XDP", m)
 	}
+	if m := by["xdp-floor"].Mode; m != "xdp-native" {
+		t.Errorf("xdp-floor ran in mode %q", m)
+	}
+	if !slices.ContainsFunc(rep.Checks, func(c map[string]any) bool { return c["name"] == "rampart ns/packet / xdp-floor" }) {
+		t.Errorf("no rampart / xdp-floor check: %+v", rep.Checks)
+	}
 	if len(rep.Checks) == 0 || rep.Environment["kernel"] == "" {
 		t.Errorf("no checks or environment: %+v %+v", rep.Checks, rep.Environment)
 	}
@@ -143,9 +151,10 @@ func TestLabDrop(t *testing.T) {
 }
 
 // TestLabDropListPeers runs the list-based layers with one list: every
-// peer's row for both families (xdp-filter's IPv6 row skipped, saying why),
-// their set-up times and counters, the comparison with the best peer, and
-// nothing left behind: sets, tables, xdp-filter's pins.
+// peer's row and the floor's for both families (xdp-filter's IPv6 row
+// skipped, saying why), their set-up times and counters, the comparisons
+// with the best peer and with the floor, and nothing left behind: sets,
+// tables, xdp-filter's pins.
 func TestLabDropListPeers(t *testing.T) {
 	testutil.Privileged(t)
 	before := hostState(t)
@@ -155,8 +164,8 @@ func TestLabDropListPeers(t *testing.T) {
 	}
 	jsonOf(t, &rep, "lab", "drop", "--quick", "--warmup", "300ms", "--window", "400ms", "--repeats", "1",
 		"--layers", "ipset,nft-set,xdp-lpm,xdp-filter,rampart", "--family", "both", "--list-size", "5000", "--out", t.TempDir())
-	if len(rep.Results) != 10 {
-		t.Fatalf("want 10 results, got %+v", rep.Results)
+	if len(rep.Results) != 12 {
+		t.Fatalf("want 12 results (xdp-floor with rampart), got %+v", rep.Results)
 	}
 	for _, r := range rep.Results {
 		if r.Layer == "xdp-filter" && r.Family == 6 {
@@ -172,14 +181,20 @@ func TestLabDropListPeers(t *testing.T) {
 			t.Errorf("%s IPv%d ran in mode %q", r.Layer, r.Family, r.Mode)
 		}
 	}
-	peerChecks := 0
+	peerChecks, floorChecks := 0, 0
 	for _, c := range rep.Checks {
 		if strings.Contains(fmt.Sprint(c["name"]), "best list peer") {
 			peerChecks++
 		}
+		if c["name"] == "rampart ns/packet / xdp-floor" {
+			floorChecks++
+		}
 	}
 	if peerChecks != 2 {
 		t.Errorf("want the best-list-peer check for both families: %+v", rep.Checks)
+	}
+	if floorChecks != 2 {
+		t.Errorf("want the xdp-floor check for both families: %+v", rep.Checks)
 	}
 	assertUnchanged(t, before)
 }

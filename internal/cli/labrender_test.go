@@ -25,9 +25,11 @@ func TestRenderDrop(t *testing.T) {
 			ok("iptables-raw", 4, 1.2, 1.688, false),
 			{Layer: "tc-u32", Family: 4, Status: lab.StatusSkipped, Reason: "the kernel has no gact action", StudyMPPS: 1.8},
 			ok("xdp-native", 4, 5.0, 10.1, true),
+			ok("xdp-floor", 4, 4.8, 0, true),
 			{Layer: "rampart", Family: 6, Status: lab.StatusFailed, Reason: "rampart apply: boom"},
 		},
-		Checks:   []lab.Check{{Name: "xdp-native / iptables-raw", Family: 4, Value: 5.0 / 1.2, Target: ">= 4", Met: true}},
+		Checks: []lab.Check{{Name: "xdp-native / iptables-raw", Family: 4, Value: 5.0 / 1.2, Target: ">= 4", Met: true},
+			{Name: "rampart ns/packet / xdp-floor", Family: 4, Value: 1.05, Target: "<= 1.1", Met: true}},
 		Ordering: []string{"IPv4: nft-ingress 1.250 Mpps vs iptables-raw 1.200 Mpps, the study had 1.530 vs 1.688; their min-max ranges overlap"},
 	}
 	var tb bytes.Buffer
@@ -38,6 +40,7 @@ func TestRenderDrop(t *testing.T) {
 		"skipped: the kernel has no gact action", "failed: rampart apply: boom",
 		"kernel 6.18.0, BPF JIT on, Test CPU (2 CPUs)", "iptables-legacy",
 		"IPv4 xdp-native / iptables-raw = 4.17 (target >= 4): met", "order differs from the study",
+		"xdp-floor", "IPv4 rampart ns/packet / xdp-floor = 1.05 (target <= 1.1): met",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)

@@ -36,6 +36,9 @@ type Traffic struct {
 	hi               [4]byte // IPv6: the fixed first 32 bits
 	Proto            uint8   // UDP, or TCP for a SYN flood
 	Port             uint16  // destination port
+	// FloorBytes sizes lab_xdp_floor's array: what rampart's tables take
+	// for the sources as a list (TableBytes). 0 gives it one word.
+	FloorBytes uint64
 }
 
 // NewTraffic spreads count sources over prefix, UDP to DstPort. IPv4

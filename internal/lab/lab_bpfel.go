@@ -30,6 +30,7 @@ type labLabLpmV6Key struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	labMapLabDrops      = "lab_drops"
+	labMapLabFloor      = "lab_floor"
 	labMapLabLpmV4      = "lab_lpm_v4"
 	labMapLabLpmV6      = "lab_lpm_v6"
 	labProgLabGen       = "lab_gen"
@@ -38,12 +39,14 @@ const (
 	labProgLabTcDrop    = "lab_tc_drop"
 	labProgLabTcLpmDst  = "lab_tc_lpm_dst"
 	labProgLabXdpDrop   = "lab_xdp_drop"
+	labProgLabXdpFloor  = "lab_xdp_floor"
 	labProgLabXdpLpm    = "lab_xdp_lpm"
 	labVarClient4Prefix = "client4_prefix"
 	labVarClient6Prefix = "client6_prefix"
 	labVarDst4Prefix    = "dst4_prefix"
 	labVarDst6Prefix    = "dst6_prefix"
 	labVarFloodPort     = "flood_port"
+	labVarFloorWords    = "floor_words"
 	labVarGenFamily     = "gen_family"
 	labVarGenProto      = "gen_proto"
 	labVarGenTemplate   = "gen_template"
@@ -104,6 +107,7 @@ type labProgramSpecs struct {
 	LabTcDrop   *ebpf.ProgramSpec `ebpf:"lab_tc_drop"`
 	LabTcLpmDst *ebpf.ProgramSpec `ebpf:"lab_tc_lpm_dst"`
 	LabXdpDrop  *ebpf.ProgramSpec `ebpf:"lab_xdp_drop"`
+	LabXdpFloor *ebpf.ProgramSpec `ebpf:"lab_xdp_floor"`
 	LabXdpLpm   *ebpf.ProgramSpec `ebpf:"lab_xdp_lpm"`
 }
 
@@ -112,6 +116,7 @@ type labProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type labMapSpecs struct {
 	LabDrops *ebpf.MapSpec `ebpf:"lab_drops"`
+	LabFloor *ebpf.MapSpec `ebpf:"lab_floor"`
 	LabLpmV4 *ebpf.MapSpec `ebpf:"lab_lpm_v4"`
 	LabLpmV6 *ebpf.MapSpec `ebpf:"lab_lpm_v6"`
 }
@@ -125,6 +130,7 @@ type labVariableSpecs struct {
 	Dst4Prefix    *ebpf.VariableSpec `ebpf:"dst4_prefix"`
 	Dst6Prefix    *ebpf.VariableSpec `ebpf:"dst6_prefix"`
 	FloodPort     *ebpf.VariableSpec `ebpf:"flood_port"`
+	FloorWords    *ebpf.VariableSpec `ebpf:"floor_words"`
 	GenFamily     *ebpf.VariableSpec `ebpf:"gen_family"`
 	GenProto      *ebpf.VariableSpec `ebpf:"gen_proto"`
 	GenTemplate   *ebpf.VariableSpec `ebpf:"gen_template"`
@@ -158,6 +164,7 @@ func (o *labObjects) Close() error {
 // It can be passed to loadLabObjects or ebpf.CollectionSpec.LoadAndAssign.
 type labMaps struct {
 	LabDrops *ebpf.Map `ebpf:"lab_drops"`
+	LabFloor *ebpf.Map `ebpf:"lab_floor"`
 	LabLpmV4 *ebpf.Map `ebpf:"lab_lpm_v4"`
 	LabLpmV6 *ebpf.Map `ebpf:"lab_lpm_v6"`
 }
@@ -165,6 +172,7 @@ type labMaps struct {
 func (m *labMaps) Close() error {
 	return _LabClose(
 		m.LabDrops,
+		m.LabFloor,
 		m.LabLpmV4,
 		m.LabLpmV6,
 	)
@@ -179,6 +187,7 @@ type labVariables struct {
 	Dst4Prefix    *ebpf.Variable `ebpf:"dst4_prefix"`
 	Dst6Prefix    *ebpf.Variable `ebpf:"dst6_prefix"`
 	FloodPort     *ebpf.Variable `ebpf:"flood_port"`
+	FloorWords    *ebpf.Variable `ebpf:"floor_words"`
 	GenFamily     *ebpf.Variable `ebpf:"gen_family"`
 	GenProto      *ebpf.Variable `ebpf:"gen_proto"`
 	GenTemplate   *ebpf.Variable `ebpf:"gen_template"`
@@ -201,6 +210,7 @@ type labPrograms struct {
 	LabTcDrop   *ebpf.Program `ebpf:"lab_tc_drop"`
 	LabTcLpmDst *ebpf.Program `ebpf:"lab_tc_lpm_dst"`
 	LabXdpDrop  *ebpf.Program `ebpf:"lab_xdp_drop"`
+	LabXdpFloor *ebpf.Program `ebpf:"lab_xdp_floor"`
 	LabXdpLpm   *ebpf.Program `ebpf:"lab_xdp_lpm"`
 }
 
@@ -212,6 +222,7 @@ func (p *labPrograms) Close() error {
 		p.LabTcDrop,
 		p.LabTcLpmDst,
 		p.LabXdpDrop,
+		p.LabXdpFloor,
 		p.LabXdpLpm,
 	)
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 
 	"github.com/cilium/ebpf"
@@ -15,11 +16,12 @@ import (
 
 // Objects are the lab's programs and maps (bpf/lab.c): the generator, the
 // drop programs the studies attach, the LPM tries they look lists up in,
-// and lab_sink.
+// the floor's array, and lab_sink.
 type Objects struct{ labObjects }
 
 // LoadObjects loads the lab's programs for one row: the generator aimed at
-// the topology's veth with tr's sources, and the tries sized for tr's list.
+// the topology's veth with tr's sources, the tries sized for tr's list and
+// the floor's array for tr.FloorBytes.
 func LoadObjects(t *Topology, tr *Traffic) (*Objects, error) {
 	spec, err := loadLab()
 	if err != nil {
@@ -37,6 +39,8 @@ func LoadObjects(t *Topology, tr *Traffic) (*Objects, error) {
 		copy(b[:], frame[min(8*i, len(frame)):])
 		template[i] = binary.NativeEndian.Uint64(b[:])
 	}
+	// The floor's array has rampart's table bytes in 4-byte words.
+	floorWords := uint32(min(max(1, tr.FloorBytes/4), math.MaxUint32))
 	for name, v := range map[string]any{
 		labVarOutIfindex:    uint32(t.GenIndex),
 		labVarGenFamily:     uint8(tr.Family),
@@ -52,12 +56,14 @@ func LoadObjects(t *Topology, tr *Traffic) (*Objects, error) {
 		labVarDst4Prefix:    [3]byte(p4[:3]),
 		labVarDst6Prefix:    [8]byte(p6[:8]),
 		labVarFloodPort:     tr.Port,
+		labVarFloorWords:    floorWords,
 	} {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return nil, fmt.Errorf("set %s: %w", name, err)
 		}
 	}
 	spec.Maps[labMapLabLpmV4].MaxEntries, spec.Maps[labMapLabLpmV6].MaxEntries = max(1, tr.Count), max(1, tr.Count)
+	spec.Maps[labMapLabFloor].MaxEntries = floorWords
 	return load(spec)
 }
 

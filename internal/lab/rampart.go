@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/stats"
@@ -64,4 +65,20 @@ func (h *RampartHook) Counter(rule string, pick func(stats.Row) uint64) func() (
 		}
 		return 0, fmt.Errorf("rampart has no rule %s on %s", rule, h.iface)
 	}
+}
+
+// TableBytes is what rampart's tables take in the kernel for the sources
+// as one list: the footprint a lookup in that list reads from.
+func (f *Traffic) TableBytes() uint64 {
+	var v4 []policy.Range4
+	var v6 []policy.Range6
+	for _, p := range f.Prefixes() {
+		if f.Family == 4 {
+			v4 = append(v4, policy.PrefixRange4(p))
+		} else {
+			v6 = append(v6, policy.PrefixRange6(p))
+		}
+	}
+	t := compile.BuildTables([]*policy.List{policy.BuildList("flood", v4, v6)}, []uint64{1})
+	return t.KernelBytes()
 }

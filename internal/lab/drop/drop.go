@@ -75,6 +75,13 @@ func (o *Options) Validate() error {
 	return nil
 }
 
+// runs says whether the run has a layer's rows: the layers asked for, and
+// the floor whenever rampart's row runs, as its reference.
+func (o *Options) runs(name string) bool {
+	asked := func(n string) bool { return len(o.Layers) == 0 || slices.Contains(o.Layers, n) }
+	return asked(name) || name == floorLayer && asked("rampart")
+}
+
 // plan is one row of the run: a layer, its family's flood, and what the
 // rounds measured of it.
 type plan struct {
@@ -115,8 +122,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		if err != nil {
 			return nil, err
 		}
+		if o.runs(floorLayer) {
+			o.Progress.Say(fmt.Sprintf("IPv%d: sizing %s as rampart's tables for the list", fam, floorLayer))
+			tr.FloorBytes = tr.TableBytes()
+		}
 		for _, l := range layers {
-			if len(o.Layers) == 0 || slices.Contains(o.Layers, l.name) {
+			if o.runs(l.name) {
 				p := &plan{layer: l, traffic: tr, list: list, res: Result{Layer: l.name, Family: fam, Status: lab.StatusOK}}
 				if fam == 4 {
 					p.res.StudyMPPS = l.study

@@ -70,6 +70,7 @@ var layers = []layer{
 	{"xdp-lpm", 0, nil, setupXDPLPM},
 	{"xdp-filter", 0, []string{"xdp-filter", "nsenter"}, setupXDPFilter},
 	{"rampart", 0, nil, setupRampart},
+	{floorLayer, 0, nil, setupXDPFloor},
 }
 
 func (r *row) dst() string {

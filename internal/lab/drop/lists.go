@@ -95,6 +95,18 @@ func setupXDPLPM(r *row) (*active, error) {
 	return r.attachXDP(r.objs.LabXdpLpm, link.XDPDriverMode)
 }
 
+// floorLayer is the physical floor of any list lookup: one dependent
+// random read from an array as large as rampart's tables for the list.
+// It is no peer, the reference rampart's row is read against, and so it
+// runs whenever rampart's row does.
+const floorLayer = "xdp-floor"
+
+// setupXDPFloor attaches lab_xdp_floor; its array was sized at load from
+// the traffic's FloorBytes.
+func setupXDPFloor(r *row) (*active, error) {
+	return r.attachXDP(r.objs.LabXdpFloor, link.XDPDriverMode)
+}
+
 // xdpFilterPins is where xdp-filter keeps its maps: one per host.
 const xdpFilterPins = "/sys/fs/bpf/xdp-filter"
 

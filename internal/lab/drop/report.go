@@ -87,6 +87,12 @@ func (r *Report) finish() {
 			v := rp.NsPerPacket / peer.NsPerPacket
 			r.Checks = append(r.Checks, lab.Check{Name: "rampart ns/packet / best list peer's (" + peer.Layer + ")", Family: fam, Value: v, Target: "<= 0.33", Met: v <= 1.0/3})
 		}
+		// The floor is one miss at the tables' footprint and a drop: what
+		// rampart's row costs over it is the rest of its lookup and rules.
+		if floor := r.find(floorLayer, fam); rp != nil && floor != nil && floor.NsPerPacket > 0 {
+			v := rp.NsPerPacket / floor.NsPerPacket
+			r.Checks = append(r.Checks, lab.Check{Name: "rampart ns/packet / " + floorLayer, Family: fam, Value: v, Target: "<= 1.1", Met: v <= 1.1})
+		}
 		if native != nil && raw != nil {
 			v := native.MPPS / raw.MPPS
 			r.Checks = append(r.Checks, lab.Check{Name: "xdp-native / iptables-raw", Family: fam, Value: v, Target: ">= 4", Met: v >= 4})

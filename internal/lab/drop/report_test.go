@@ -123,6 +123,48 @@ func TestChecksAndOrdering(t *testing.T) {
 	}
 }
 
+// TestFloorCheck: rampart's ns/packet over the floor's, per family, only
+// where both rows ran; and the floor runs whenever rampart's row does.
+func TestFloorCheck(t *testing.T) {
+	row := func(layer string, fam int, ns float64) Result {
+		return Result{Layer: layer, Family: fam, Status: lab.StatusOK, MPPS: 1, NsPerPacket: ns}
+	}
+	rep := &Report{Results: []Result{
+		row("xdp-floor", 4, 200), row("rampart", 4, 210), // 1.05
+		row("xdp-floor", 6, 200), row("rampart", 6, 300), // 1.5
+		row("xdp-native", 4, 150),
+	}}
+	rep.finish()
+	got := map[int]lab.Check{}
+	for _, c := range rep.Checks {
+		if c.Name == "rampart ns/packet / xdp-floor" {
+			got[c.Family] = c
+		}
+	}
+	if c := got[4]; math.Abs(c.Value-1.05) > 1e-9 || !c.Met || c.Target != "<= 1.1" {
+		t.Errorf("IPv4 floor check %+v", c)
+	}
+	if c := got[6]; math.Abs(c.Value-1.5) > 1e-9 || c.Met {
+		t.Errorf("IPv6 floor check %+v", c)
+	}
+	rep.Results[0].Status = lab.StatusFailed
+	rep.finish()
+	for _, c := range rep.Checks {
+		if c.Name == "rampart ns/packet / xdp-floor" && c.Family == 4 {
+			t.Errorf("a floor check without the floor's row: %+v", c)
+		}
+	}
+
+	for _, tc := range []struct {
+		layers []string
+		floor  bool
+	}{{nil, true}, {[]string{"rampart"}, true}, {[]string{"xdp-floor"}, true}, {[]string{"ipset", "xdp-native"}, false}} {
+		if o := (Options{Layers: tc.layers}); o.runs(floorLayer) != tc.floor {
+			t.Errorf("layers %v: floor runs %v, want %v", tc.layers, !tc.floor, tc.floor)
+		}
+	}
+}
+
 func TestCSVAndJSON(t *testing.T) {
 	rep := sampleReport()
 	var cb bytes.Buffer
