@@ -60,22 +60,23 @@ static __always_inline __u64 top_bits(__u64 v, __u32 n)
  * new source is over: the table is full of sources over their rate. */
 static __always_inline int limit_source(__u32 rule, const struct limit *l, const struct pkt *p, __u64 now, __u64 cost)
 {
-	__u64 hi, lo = 0;
+	/* As few words as the key needs (each is a SipHash round): an IPv4
+	 * prefix shares one with the rule (under 2^24, MAX_RULES) and family,
+	 * an IPv6 one up to /64 takes a second, a longer one a third. */
+	__u64 id = (__u64)rule << 8 | p->family, h;
 	if (p->family == 4) {
-		hi = top_bits((__u64)bpf_ntohl(*(__u32 *)p->saddr) << 32, l->prefix4);
+		h = siphash13(top_bits((__u64)bpf_ntohl(*(__u32 *)p->saddr) << 32, l->prefix4) | id, 0, 0, 1);
 	} else {
+		__u64 hi, lo;
 		__builtin_memcpy(&hi, p->saddr, 8);
 		__builtin_memcpy(&lo, p->saddr + 8, 8);
 		hi = bpf_be64_to_cpu(hi);
 		lo = bpf_be64_to_cpu(lo);
-		if (l->prefix6 <= 64) {
-			hi = top_bits(hi, l->prefix6);
-			lo = 0;
-		} else {
-			lo = top_bits(lo, l->prefix6 - 64);
-		}
+		if (l->prefix6 <= 64)
+			h = siphash13(id, top_bits(hi, l->prefix6), 0, 2);
+		else
+			h = siphash13(id, hi, top_bits(lo, l->prefix6 - 64), 3);
 	}
-	__u64 h = siphash13_3((__u64)rule << 8 | p->family, hi, lo);
 	__u32 b = (h >> 32) & (cfg.limit_buckets - 1);
 	struct limit_bucket *bk = bpf_map_lookup_elem(&limit_sources, &b);
 	if (!bk)

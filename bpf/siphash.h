@@ -34,18 +34,23 @@ static __always_inline __u64 siphash6(__u64 d0, __u64 a, __u64 b, __u64 c, __u64
 	return v0 ^ v1 ^ v2 ^ v3;
 }
 
-/* SipHash-1-3 (the kernel's hsiphash on 64-bit) of three words: for
- * table slots, where it is enough that an attacker cannot aim at a bucket
- * without the key, and a third of the rounds of SipHash-2-4 matters at
- * every packet of a flood. Cookies keep SipHash-2-4. */
-static __always_inline __u64 siphash13_3(__u64 a, __u64 b, __u64 c)
+/* SipHash-1-3 (the kernel's hsiphash on 64-bit) of n words (1 to 3, a
+ * constant): for table slots, where it is enough that an attacker cannot aim
+ * at a bucket without the key, and each round matters at every packet of a
+ * flood. Cookies keep SipHash-2-4. Inputs of different lengths never
+ * collide by construction: the length is hashed in. */
+static __always_inline __u64 siphash13(__u64 a, __u64 b, __u64 c, int n)
 {
 	__u64 v0 = cfg.flood_key[0] ^ 0x736f6d6570736575ULL, v1 = cfg.flood_key[1] ^ 0x646f72616e646f6dULL;
 	__u64 v2 = cfg.flood_key[0] ^ 0x6c7967656e657261ULL, v3 = cfg.flood_key[1] ^ 0x7465646279746573ULL;
 	v3 ^= a; SIPROUND; v0 ^= a;
-	v3 ^= b; SIPROUND; v0 ^= b;
-	v3 ^= c; SIPROUND; v0 ^= c;
-	__u64 m = 24ULL << 56;
+	if (n > 1) {
+		v3 ^= b; SIPROUND; v0 ^= b;
+	}
+	if (n > 2) {
+		v3 ^= c; SIPROUND; v0 ^= c;
+	}
+	__u64 m = (__u64)(8 * n) << 56;
 	v3 ^= m; SIPROUND; v0 ^= m;
 	v2 ^= 0xff;
 	SIPROUND; SIPROUND; SIPROUND;
