@@ -10,6 +10,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/serve"
 )
 
 func applyCmd(g *globals) *cobra.Command {
@@ -63,6 +64,13 @@ this command is killed.`,
 			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
 			if err != nil {
 				return err
+			}
+			if pol.CrowdSec != nil {
+				n, err := serve.SavedDecisions(fw, pol)
+				if err != nil {
+					return fmt.Errorf("the CrowdSec decisions the service saved: %w", err)
+				}
+				g.warnings([]string{fmt.Sprintf("list %q holds the %d CrowdSec decisions rampart serve saved last; only rampart serve follows the LAPI", pol.CrowdSec.List, n)})
 			}
 			res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: ifaces, Mode: m, Egress: egress, Force: force, Confirm: confirm})
 			if res != nil {

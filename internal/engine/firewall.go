@@ -227,3 +227,7 @@ func removeEmptyDirs(dir, root string) {
 		}
 	}
 }
+
+// StateDir is where the engine keeps the state of its namespace (on /run:
+// it outlives a service, not a reboot).
+func (fw *Firewall) StateDir() string { return fw.scopeState() }

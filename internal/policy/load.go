@@ -104,13 +104,18 @@ func (p *parser) strings(n *yaml.Node, field string) ([]string, error) {
 }
 
 func (p *parser) policy(root *yaml.Node) (*Policy, error) {
-	top, err := p.fields(root, "policy", "lists", "rules", "default", "unparsed")
+	top, err := p.fields(root, "policy", "lists", "rules", "default", "unparsed", "crowdsec")
 	if err != nil {
 		return nil, err
 	}
 	pol := &Policy{Lists: map[string]*List{}, Unparsed: Drop}
 	if n := top["lists"]; n != nil {
 		if err := p.lists(n, pol); err != nil {
+			return nil, err
+		}
+	}
+	if n := top["crowdsec"]; n != nil {
+		if err := p.crowdsec(n, pol); err != nil {
 			return nil, err
 		}
 	}

@@ -174,6 +174,9 @@ type Policy struct {
 	// defence must not let a crafted frame around a drop rule, and the
 	// kernel discards such frames anyway, but tiny first fragments.
 	Unparsed Action
+	// CrowdSec, when set, feeds one of Lists from a CrowdSec Local API
+	// (rampart serve does).
+	CrowdSec *CrowdSec
 	// Warnings are legal but suspect things (a rule that can never match).
 	Warnings []Error
 }

@@ -47,6 +47,10 @@ func (d *Daemon) apiHandler() http.Handler {
 			reply(w, nil, err)
 			return
 		}
+		if err := d.fedList(req.List); err != nil {
+			reply(w, nil, err)
+			return
+		}
 		d.mu.Lock()
 		removed, err := d.fw.RevertList(req.List, prefixes)
 		d.mu.Unlock()
@@ -205,6 +209,9 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 	if err == nil && (req.List == "" || len(prefixes) == 0) {
 		err = errors.New("list and prefixes are required")
 	}
+	if err == nil {
+		err = d.fedList(req.List)
+	}
 	if err != nil {
 		reply(w, nil, err)
 		return
@@ -222,6 +229,17 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 		out["expires"] = res.Expires
 	}
 	reply(w, out, nil)
+}
+
+// fedList refuses changes by hand to the list CrowdSec feeds: the next
+// answer of the LAPI would undo them, or they its decisions.
+func (d *Daemon) fedList(list string) error {
+	d.cs.mu.Lock()
+	defer d.cs.mu.Unlock()
+	if c := d.cs.cfg; c != nil && (list == c.List || list == "") {
+		return fmt.Errorf("list %q is fed by CrowdSec (%s): change its decisions there (cscli decisions add|delete)", c.List, c.URL)
+	}
+	return nil
 }
 
 func reply(w http.ResponseWriter, v any, err error) {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/rampart-fw/rampart/internal/engine"
 )
 
@@ -34,6 +35,12 @@ var (
 	descMode       = prometheus.NewDesc("rampart_attached", "A hook rampart runs on: 1 if its program is attached.", []string{"iface", "direction", "mode"}, nil)
 	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of an interface's live program.", []string{"iface", "direction"}, nil)
 	descAPIRefused = prometheus.NewDesc("rampart_api_refused_total", "API requests refused (403): the client was neither root nor in --api-group.", nil, nil)
+	descCSActive   = prometheus.NewDesc("rampart_crowdsec_decisions", "CrowdSec decisions active in the service's set, by origin and type (types not enforced are counted, not listed).", []string{"origin", "type"}, nil)
+	descCSPolls    = prometheus.NewDesc("rampart_crowdsec_polls_total", "Polls of the CrowdSec decision stream, by result.", []string{"result"}, nil)
+	descCSErrors   = prometheus.NewDesc("rampart_crowdsec_lapi_errors_total", "Failed polls of the CrowdSec LAPI by reason (connect, status, auth, too-large, decode); the decisions enforced stay.", []string{"reason"}, nil)
+	descCSRefused  = prometheus.NewDesc("rampart_crowdsec_decisions_refused_total", "Decisions of an answer that were not kept, by reason (scope, origin, value, duration, incomplete).", []string{"reason"}, nil)
+	descCSDeltas   = prometheus.NewDesc("rampart_crowdsec_deltas_applied_total", "Answers of the decision stream that changed the set, applied.", nil, nil)
+	descCSSync     = prometheus.NewDesc("rampart_crowdsec_last_sync_timestamp_seconds", "When the LAPI last answered a poll.", nil, nil)
 	descScrapeErr  = prometheus.NewDesc("rampart_scrape_errors", "Errors reading the engine during this scrape.", nil, nil)
 )
 
@@ -85,7 +92,34 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(d.lastOK))
 	d.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descAPIRefused, prometheus.CounterValue, float64(d.apiRefused.Load()))
+	d.cs.collect(ch)
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, float64(errs))
+}
+
+// collect reports the CrowdSec feed, when the policy has one.
+func (f *feed) collect(ch chan<- prometheus.Metric) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.cfg == nil || f.set == nil {
+		return
+	}
+	for k, n := range f.set.Counts() {
+		ch <- prometheus.MustNewConstMetric(descCSActive, prometheus.GaugeValue, float64(n), k.Origin, k.Type)
+	}
+	for _, r := range []string{"ok", "error"} {
+		ch <- prometheus.MustNewConstMetric(descCSPolls, prometheus.CounterValue, float64(f.polls[r]), r)
+	}
+	for _, r := range []string{"connect", "status", "auth", "too-large", "decode"} {
+		ch <- prometheus.MustNewConstMetric(descCSErrors, prometheus.CounterValue, float64(f.errs[r]), r)
+	}
+	for r, n := range f.refused {
+		ch <- prometheus.MustNewConstMetric(descCSRefused, prometheus.CounterValue, float64(n), r)
+	}
+	ch <- prometheus.MustNewConstMetric(descCSDeltas, prometheus.CounterValue, float64(f.deltas))
+	if !f.lastSync.IsZero() {
+		ch <- prometheus.MustNewConstMetric(descCSSync, prometheus.GaugeValue, float64(f.lastSync.UnixNano())/float64(time.Second))
+	}
+	f.applied.Collect(ch)
 }
 
 func boolf(b bool) float64 {

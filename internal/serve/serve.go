@@ -65,11 +65,13 @@ type Daemon struct {
 
 	apiGID     int           // --api-group's, -1 for none
 	apiRefused atomic.Uint64 // API requests from neither root nor the group
+
+	cs *feed // the CrowdSec decision stream, when the policy has one
 }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
-	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1}
+	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed()}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -141,6 +143,7 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	for i, s := range servers {
 		wg.Go(func() { s.Serve(lns[i]) })
 	}
+	wg.Go(func() { d.followCrowdSec(ctx) })
 	wg.Go(func() {
 		if err := fw.ServeExpiry(ctx, func(err error) { d.log.Error("expire list changes", "err", err) }); err != nil {
 			d.log.Error("expire list changes", "err", err)
@@ -205,6 +208,7 @@ func (d *Daemon) reloadLocked(why string) error {
 	pol, err := policy.Load(d.opt.PolicyFile, policy.Options{})
 	var res *engine.ApplyResult
 	if err == nil {
+		d.crowdsecList(pol)
 		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
 	}
 	d.lastReload, d.lastOK = time.Now(), err == nil
@@ -214,6 +218,7 @@ func (d *Daemon) reloadLocked(why string) error {
 		d.log.Error("reload failed: the running policy stays", "why", why, "err", err)
 		return err
 	}
+	d.afterReload(pol)
 	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, map[string][2]int{}
 	for name, l := range pol.Lists {
 		d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}

@@ -1,0 +1,312 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rampart-fw/rampart/internal/crowdsec"
+	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// foldAt is how many decisions may wait in the live overlay before the
+// list is compiled again with them: the overlay costs a probe per prefix
+// length whatever its size, but each change rewrites its journal.
+const foldAt = 50_000
+
+// feed follows a CrowdSec Local API's decision stream into the list the
+// policy's crowdsec section names. New decisions reach the kernel as live
+// list changes (milliseconds); a decision that goes (deleted, expired)
+// rebuilds the list from the set, since another decision may still hold
+// its address. The set is saved after each change, so a restarted service
+// applies it before it asks the LAPI anything: enforcement never lapses.
+type feed struct {
+	mu      sync.Mutex
+	cfg     *policy.CrowdSec // as last applied; nil: the policy has none
+	set     *crowdsec.Set
+	loaded  bool // the saved set was read
+	resync  bool // ask for the whole set at the next poll
+	overlay int  // decisions pushed as live changes since the list was built
+	dirty   bool // the list must be built again (a build failed)
+	wake    chan struct{}
+
+	polls    map[string]uint64 // by result: ok, error
+	errs     map[string]uint64 // by reason
+	refused  map[string]uint64 // decisions refused, by reason
+	deltas   uint64            // answers that changed the set
+	lastSync time.Time
+	lastFull time.Time // the last startup answer applied
+	applied  prometheus.Histogram
+}
+
+func newFeed() *feed {
+	return &feed{wake: make(chan struct{}, 1), polls: map[string]uint64{}, errs: map[string]uint64{}, refused: map[string]uint64{},
+		applied: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "rampart_crowdsec_apply_seconds",
+			Help:    "From a decision stream answer's arrival to its decisions enforced in the kernel.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}})}
+}
+
+// The set is saved in the namespace's state (for a restarted service, and
+// for rampart apply) and under --persist (for a reboot).
+const decisionsFile = "crowdsec-decisions"
+
+func (d *Daemon) decisionsPaths() []string {
+	paths := []string{filepath.Join(d.fw.StateDir(), decisionsFile)}
+	if d.opt.PersistDir != "" {
+		paths = append(paths, filepath.Join(d.opt.PersistDir, decisionsFile))
+	}
+	return paths
+}
+
+// loadDecisions reads the first saved set there is.
+func loadDecisions(set *crowdsec.Set, paths []string) (string, error) {
+	for _, p := range paths {
+		if _, err := os.Stat(p); err == nil {
+			return p, set.Load(p, time.Now())
+		}
+	}
+	return "", nil
+}
+
+// SavedDecisions fills the CrowdSec list of a policy applied by hand
+// (rampart apply) with the decisions the service saved last, so that the
+// apply does not lift the bans the service enforces. It returns how many.
+func SavedDecisions(fw *engine.Firewall, pol *policy.Policy) (int, error) {
+	c := pol.CrowdSec
+	if c == nil {
+		return 0, nil
+	}
+	set := crowdsec.NewSet(func(dec crowdsec.Decision) bool { return c.Enforces(dec.Type) })
+	if _, err := loadDecisions(set, []string{filepath.Join(fw.StateDir(), decisionsFile)}); err != nil {
+		return 0, err
+	}
+	pol.Lists[c.List] = policy.NewList(c.List, set.Prefixes())
+	return set.Len(), nil
+}
+
+// crowdsecList fills the policy's CrowdSec list from the set, under d.mu.
+// A first policy with the section reads the saved set; a changed section
+// asks the LAPI for everything again.
+func (d *Daemon) crowdsecList(pol *policy.Policy) {
+	f := d.cs
+	f.mu.Lock()
+	c := pol.CrowdSec
+	if c == nil {
+		f.cfg = nil
+		f.mu.Unlock()
+		return
+	}
+	if f.cfg == nil || !sameSource(f.cfg, c) {
+		f.resync = true
+		select {
+		case f.wake <- struct{}{}:
+		default:
+		}
+	}
+	f.cfg = c
+	if f.set == nil {
+		f.set = crowdsec.NewSet(nil)
+	}
+	f.set.Enforce = func(dec crowdsec.Decision) bool { return c.Enforces(dec.Type) }
+	if !f.loaded {
+		f.loaded = true
+		if from, err := loadDecisions(f.set, d.decisionsPaths()); err != nil {
+			d.log.Error("crowdsec: the saved decisions cannot be read; the LAPI's answer will fill the list", "err", err)
+		} else if n := f.set.Len(); n > 0 {
+			d.log.Info("crowdsec: saved decisions restored", "decisions", n, "from", from)
+		}
+	}
+	set := f.set
+	f.mu.Unlock()
+	pol.Lists[c.List] = policy.NewList(c.List, set.Prefixes())
+}
+
+func sameSource(a, b *policy.CrowdSec) bool {
+	return a.URL == b.URL && a.APIKey == b.APIKey && a.List == b.List && slices.Equal(a.Scopes, b.Scopes) &&
+		slices.Equal(a.Origins, b.Origins) && slices.Equal(a.Types, b.Types)
+}
+
+// afterReload drops the live changes the rebuilt list now holds.
+func (d *Daemon) afterReload(pol *policy.Policy) {
+	if pol.CrowdSec == nil {
+		return
+	}
+	if _, err := d.fw.RevertList(pol.CrowdSec.List, nil); err != nil {
+		d.log.Error("crowdsec: drop the live changes the list now holds", "err", err)
+		return
+	}
+	d.cs.mu.Lock()
+	d.cs.overlay, d.cs.dirty = 0, false
+	d.cs.mu.Unlock()
+}
+
+// followCrowdSec polls the LAPI while the policy has a crowdsec section,
+// and expires decisions on their own time.
+func (d *Daemon) followCrowdSec(ctx context.Context) {
+	f := d.cs
+	var backoff time.Duration
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	wait := func(dur time.Duration) bool {
+		t := time.NewTimer(dur)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-f.wake:
+				return true
+			case <-t.C:
+				return true
+			case <-tick.C:
+				d.expireDecisions()
+			}
+		}
+	}
+	for {
+		f.mu.Lock()
+		// The whole set again now and then: a delta is what was created
+		// since the last poll by the LAPI's clock, and a decision that a
+		// long transaction (a large cscli import) committed after a poll
+		// but dated before it is in no delta.
+		c := f.cfg
+		startup := f.resync || f.lastFull.IsZero() || c != nil && time.Since(f.lastFull) >= c.Resync
+		f.mu.Unlock()
+		if c == nil {
+			if !wait(time.Hour) {
+				return
+			}
+			continue
+		}
+		client := &crowdsec.Client{URL: c.URL, Key: c.APIKey, Scopes: c.Scopes, Origins: c.Origins,
+			HTTP: &http.Client{Timeout: 2 * time.Minute}}
+		a, err := client.Stream(ctx, startup)
+		if ctx.Err() != nil {
+			return
+		}
+		f.mu.Lock()
+		if err != nil {
+			f.polls["error"]++
+			var ce *crowdsec.Error
+			reason := "connect"
+			if errors.As(err, &ce) {
+				reason = ce.Reason
+			}
+			f.errs[reason]++
+			f.resync = true // after an outage, ask for the whole set again
+			backoff = min(max(2*backoff, time.Second), max(c.Interval, time.Minute))
+			f.mu.Unlock()
+			d.log.Error("crowdsec: poll failed; the decisions enforced stay", "err", err, "retry_in", backoff.String())
+			if !wait(backoff) {
+				return
+			}
+			continue
+		}
+		backoff = 0
+		f.polls["ok"]++
+		for r, n := range a.Refused {
+			f.refused[r] += uint64(n)
+		}
+		f.mu.Unlock()
+		for r, n := range a.Refused {
+			d.log.Warn("crowdsec: decisions refused", "reason", r, "count", n)
+		}
+		d.applyDecisions(c, a, startup)
+		if !wait(c.Interval) {
+			return
+		}
+	}
+}
+
+// applyDecisions enforces an answer: a startup answer replaces the set and
+// rebuilds the list; a delta's new decisions become live changes, and one
+// that removes a decision rebuilds the list.
+func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup bool) {
+	start := time.Now()
+	f := d.cs
+	var err error
+	var adds []netip.Prefix
+	rebuild := startup
+	if startup {
+		rebuild = f.set.Replace(a) || f.dirty
+	} else {
+		var removed bool
+		adds, removed = f.set.Update(a)
+		f.mu.Lock()
+		rebuild = removed || f.dirty || f.overlay+len(adds) > foldAt
+		f.mu.Unlock()
+	}
+	if rebuild {
+		err = d.reload("crowdsec decisions")
+	} else if len(adds) > 0 {
+		d.mu.Lock()
+		_, err = d.fw.ChangeList(engine.ListChange{List: c.List, Prefixes: adds, Add: true})
+		d.mu.Unlock()
+		f.mu.Lock()
+		f.overlay += len(adds)
+		f.mu.Unlock()
+	}
+	f.mu.Lock()
+	f.lastSync, f.resync = time.Now(), false
+	if startup && err == nil {
+		f.lastFull = f.lastSync
+	}
+	changed := startup || len(a.New)+len(a.Deleted) > 0
+	if changed {
+		f.deltas++
+	}
+	if err != nil {
+		f.dirty = true
+	}
+	f.mu.Unlock()
+	if err != nil {
+		d.log.Error("crowdsec: decisions not enforced yet; retried each second", "err", err)
+		return
+	}
+	if changed {
+		f.applied.Observe(time.Since(start).Seconds())
+		d.log.Info("crowdsec decisions applied", "startup", startup, "new", len(a.New), "deleted", len(a.Deleted),
+			"decisions", f.set.Len(), "rebuilt", rebuild, "took", time.Since(start).Round(time.Millisecond).String())
+		d.saveDecisions()
+	}
+}
+
+// expireDecisions drops the decisions past their time and rebuilds the
+// list when any went, or when an earlier build failed.
+func (d *Daemon) expireDecisions() {
+	f := d.cs
+	f.mu.Lock()
+	c, set, dirty := f.cfg, f.set, f.dirty
+	f.mu.Unlock()
+	if c == nil || set == nil {
+		return
+	}
+	if !set.Expire(time.Now()) && !dirty {
+		return
+	}
+	if err := d.reload("crowdsec decisions expired"); err != nil {
+		f.mu.Lock()
+		f.dirty = true
+		f.mu.Unlock()
+		return
+	}
+	d.saveDecisions()
+}
+
+// saveDecisions keeps the set for a restarted service.
+func (d *Daemon) saveDecisions() {
+	for _, p := range d.decisionsPaths() {
+		if err := d.cs.set.Save(p); err != nil {
+			d.log.Error("crowdsec: keep the decisions for a restart", "path", p, "err", err)
+		}
+	}
+}
