@@ -8,6 +8,12 @@ apt-get install -y -qq --no-install-recommends \
   clang-19 llvm-19 libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make \
   iptables nftables ipset xdp-tools util-linux ethtool procps iperf3 iputils-ping curl \
   nginx-light libnginx-mod-stream haproxy prometheus >/dev/null
+# CrowdSec's post-install registers with its online Central API unless this
+# file exists and is not empty: the tests run its Local API offline.
+mkdir -p /etc/crowdsec
+[ -s /etc/crowdsec/online_api_credentials.yaml ] ||
+  echo "# offline: rampart's tests run the Local API alone" >/etc/crowdsec/online_api_credentials.yaml
+apt-get install -y -qq --no-install-recommends crowdsec >/dev/null
 if ! command -v go >/dev/null; then
   apt-get install -y -qq --no-install-recommends golang-go >/dev/null
 fi
