@@ -1,15 +1,20 @@
 package cli_test
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -275,4 +280,61 @@ func TestCrowdSecBouncer(t *testing.T) {
 		t.Errorf("%v ban decisions active after the key was refused, want 100,000", n)
 	}
 	_ = log
+}
+
+// TestCrowdSecBadAnswers: a LAPI that answers garbage, or a body over the
+// cap, is a counted error; the decisions enforced stay, and the next good
+// answer is applied. (A real LAPI cannot be made to answer so; this one is
+// an HTTP server of the test's.)
+func TestCrowdSecBadAnswers(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	var mode atomic.Value
+	mode.Store("ok")
+	ban := fmt.Sprintf(`{"new":[{"id":1,"origin":"cscli","scope":"Ip","type":"ban","value":%q,"duration":"1h"}],"deleted":null}`, p.A4)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch mode.Load() {
+		case "garbage":
+			io.WriteString(w, "<html><body>502 Bad Gateway</body></html>")
+		case "huge": // past the 512 MiB cap, in whitespace the decoder must read
+			io.WriteString(w, `{"new":[`)
+			pad := bytes.Repeat([]byte(" "), 1<<20)
+			for i := 0; i < 600; i++ {
+				if _, err := w.Write(pad); err != nil {
+					return
+				}
+			}
+			io.WriteString(w, `]}`)
+		default:
+			io.WriteString(w, ban)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	pol := writeFile(t, "p.yaml", fmt.Sprintf("crowdsec: {url: %q, api_key: k, interval: 200ms}\nrules:\n  - {name: crowdsec, src: crowdsec, action: drop}\n", srv.URL))
+	port := freePort(t)
+	_, _, log := startServe(t, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	})
+	rx := testutil.UDPListener(t, p.NsB, p.B4, 9401)
+	banned := func() bool {
+		testutil.SendUDP(t, p.NsA, p.B4, 9401, 20)
+		return testutil.CountUDP(rx, 150*time.Millisecond) == 0
+	}
+	within(t, "the ban enforced", 5*time.Second, banned)
+	for _, m := range []struct{ mode, reason string }{{"garbage", "decode"}, {"huge", "too-large"}} {
+		mode.Store(m.mode)
+		within(t, m.mode+" counted", 60*time.Second, func() bool {
+			return metric(t, scrape(t, port), "rampart_crowdsec_lapi_errors_total", `reason="`+m.reason+`"`) >= 1
+		})
+		if !banned() {
+			t.Fatalf("the ban lapsed after a %s answer", m.mode)
+		}
+		if n := metric(t, scrape(t, port), "rampart_crowdsec_decisions", `type="ban"`); n != 1 {
+			t.Errorf("%v decisions after a %s answer, want the 1 enforced", n, m.mode)
+		}
+	}
 }

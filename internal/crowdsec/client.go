@@ -37,7 +37,7 @@ type Client struct {
 
 // DefaultMaxBody bounds one answer: a startup answer of 1M decisions is
 // about 200 MB.
-const DefaultMaxBody = 1 << 30
+const DefaultMaxBody = 512 << 20
 
 // Decision is one decision as rampart keeps it.
 type Decision struct {
@@ -111,7 +111,7 @@ func (c *Client) Stream(ctx context.Context, startup bool) (*Answer, error) {
 		limit = DefaultMaxBody
 	}
 	body := &cappedReader{r: resp.Body, left: limit}
-	a, err := c.decode(body, time.Now())
+	a, err := c.decode(&unspaced{r: body}, time.Now())
 	a.Bytes = limit - body.left
 	if body.over {
 		return nil, &Error{"too-large", fmt.Errorf("crowdsec %s: the answer is over %d bytes (nothing of it was applied)", c.URL, limit)}
@@ -141,6 +141,38 @@ func (c *cappedReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.left -= int64(n)
 	return n, err
+}
+
+// unspaced drops the whitespace between JSON tokens, which means nothing:
+// encoding/json's Decoder rescans a run of it on every read, so a body of
+// spaces would cost time quadratic in its size.
+type unspaced struct {
+	r                 io.Reader
+	inString, escaped bool
+}
+
+func (u *unspaced) Read(p []byte) (int, error) {
+	for {
+		n, err := u.r.Read(p)
+		k := 0
+		for _, c := range p[:n] {
+			switch {
+			case u.escaped:
+				u.escaped = false
+			case u.inString && c == '\\':
+				u.escaped = true
+			case c == '"':
+				u.inString = !u.inString
+			case !u.inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
+				continue
+			}
+			p[k] = c
+			k++
+		}
+		if k > 0 || err != nil || n == 0 {
+			return k, err
+		}
+	}
 }
 
 // wire is a decision as the LAPI sends it (models.Decision).

@@ -104,7 +104,10 @@ func (p *parser) crowdsec(n *yaml.Node, pol *Policy) error {
 			if s = strings.TrimSpace(s); v.field != "origins" { // origins are names: CAPI, cscli
 				s = strings.ToLower(s)
 			}
-			if s == "" || v.allowed != nil && !slices.Contains(v.allowed, s) {
+			if s == "" {
+				return p.errf(vn, "crowdsec."+v.field, "an empty name")
+			}
+			if v.allowed != nil && !slices.Contains(v.allowed, s) {
 				return p.errf(vn, "crowdsec."+v.field, "%q: must be one of %s", s, strings.Join(v.allowed, ", "))
 			}
 			*v.to = append(*v.to, s)
