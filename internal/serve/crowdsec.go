@@ -13,7 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rampart-fw/rampart/internal/crowdsec"
+	"github.com/rampart-fw/rampart/internal/fleet/crowdsec"
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
@@ -231,7 +231,10 @@ func (d *Daemon) followCrowdSec(ctx context.Context) {
 // rebuilds the list; a delta's new decisions become live changes, and one
 // that removes a decision rebuilds the list.
 func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup bool) {
-	start := time.Now()
+	start := a.Received // the answer's arrival: decoding it is part of the delay
+	if start.IsZero() {
+		start = time.Now()
+	}
 	f := d.cs
 	var err error
 	var adds []netip.Prefix

@@ -56,6 +56,7 @@ type Answer struct {
 	New, Deleted []Decision
 	Refused      map[string]int
 	Bytes        int64
+	Received     time.Time // when the answer's headers arrived
 }
 
 // Error is a failed poll, with a reason fit for a metric label.
@@ -98,6 +99,7 @@ func (c *Client) Stream(ctx context.Context, startup bool) (*Answer, error) {
 		return nil, &Error{"connect", fmt.Errorf("crowdsec %s: %w", c.URL, err)}
 	}
 	defer resp.Body.Close()
+	received := time.Now()
 	if resp.StatusCode != http.StatusOK {
 		reason := "status"
 		if resp.StatusCode == http.StatusForbidden || resp.StatusCode == http.StatusUnauthorized {
@@ -112,7 +114,7 @@ func (c *Client) Stream(ctx context.Context, startup bool) (*Answer, error) {
 	}
 	body := &cappedReader{r: resp.Body, left: limit}
 	a, err := c.decode(&unspaced{r: body}, time.Now())
-	a.Bytes = limit - body.left
+	a.Bytes, a.Received = limit-body.left, received
 	if body.over {
 		return nil, &Error{"too-large", fmt.Errorf("crowdsec %s: the answer is over %d bytes (nothing of it was applied)", c.URL, limit)}
 	}
