@@ -232,6 +232,36 @@ func TestCrowdSecBouncer(t *testing.T) {
 		t.Error("the imported ban of the sender is not enforced")
 	}
 
+	// From here to the end a sender from the banned address runs without
+	// pause: not one datagram may arrive while the LAPI stops and starts,
+	// the service dies and starts again, and the key is refused.
+	gap := testutil.UDPListener(t, p.NsB, p.B4, 9402)
+	stopSend := make(chan struct{})
+	sent := make(chan int)
+	go func() {
+		c := testutil.Socket(t, p.NsA, func() (net.Conn, error) { return net.DialUDP("udp", nil, &net.UDPAddr{IP: p.B4, Port: 9402}) })
+		n := 0
+		for {
+			select {
+			case <-stopSend:
+				sent <- n
+				return
+			case <-time.After(2 * time.Millisecond):
+				c.Write([]byte("banned"))
+				n++
+			}
+		}
+	}()
+	defer func() {
+		close(stopSend)
+		n := <-sent
+		if got := testutil.CountUDP(gap, 300*time.Millisecond); got != 0 || n < 1000 {
+			t.Errorf("%d of %d datagrams from the banned address arrived during the restarts", got, n)
+		} else {
+			t.Logf("0 of %d datagrams from the banned address arrived during the restarts", n)
+		}
+	}()
+
 	// The LAPI stops: the bans stay, the failures are counted; it starts
 	// again, and the bans still stay.
 	l.stop()

@@ -13,8 +13,6 @@ package crowdsec
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -112,69 +110,19 @@ func (c *Client) Stream(ctx context.Context, startup bool) (*Answer, error) {
 	if limit <= 0 {
 		limit = DefaultMaxBody
 	}
-	body := &cappedReader{r: resp.Body, left: limit}
-	a, err := c.decode(&unspaced{r: body}, time.Now())
-	a.Bytes, a.Received = limit-body.left, received
-	if body.over {
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
+	if err != nil {
+		return nil, &Error{"connect", fmt.Errorf("crowdsec %s: reading the answer: %w", c.URL, err)}
+	}
+	if int64(len(body)) > limit {
 		return nil, &Error{"too-large", fmt.Errorf("crowdsec %s: the answer is over %d bytes (nothing of it was applied)", c.URL, limit)}
 	}
+	a, err := c.decode(body, time.Now(), startup)
+	a.Bytes, a.Received = int64(len(body)), received
 	if err != nil {
 		return nil, &Error{"decode", fmt.Errorf("crowdsec %s: the answer is not a decision stream: %w (nothing of it was applied)", c.URL, err)}
 	}
 	return a, nil
-}
-
-type cappedReader struct {
-	r    io.Reader
-	left int64
-	over bool
-}
-
-var errTooLarge = errors.New("answer too large")
-
-func (c *cappedReader) Read(p []byte) (int, error) {
-	if c.left <= 0 {
-		c.over = true
-		return 0, errTooLarge
-	}
-	if int64(len(p)) > c.left {
-		p = p[:c.left]
-	}
-	n, err := c.r.Read(p)
-	c.left -= int64(n)
-	return n, err
-}
-
-// unspaced drops the whitespace between JSON tokens, which means nothing:
-// encoding/json's Decoder rescans a run of it on every read, so a body of
-// spaces would cost time quadratic in its size.
-type unspaced struct {
-	r                 io.Reader
-	inString, escaped bool
-}
-
-func (u *unspaced) Read(p []byte) (int, error) {
-	for {
-		n, err := u.r.Read(p)
-		k := 0
-		for _, c := range p[:n] {
-			switch {
-			case u.escaped:
-				u.escaped = false
-			case u.inString && c == '\\':
-				u.escaped = true
-			case c == '"':
-				u.inString = !u.inString
-			case !u.inString && (c == ' ' || c == '\t' || c == '\n' || c == '\r'):
-				continue
-			}
-			p[k] = c
-			k++
-		}
-		if k > 0 || err != nil || n == 0 {
-			return k, err
-		}
-	}
 }
 
 // wire is a decision as the LAPI sends it (models.Decision).
@@ -187,68 +135,37 @@ type wire struct {
 	Duration *string `json:"duration"`
 }
 
-// decode reads {"new": [...], "deleted": [...]} one decision at a time.
-// A decision of a scope or origin not asked for is refused: a LAPI that
-// does not filter cannot widen what rampart enforces.
-func (c *Client) decode(r io.Reader, now time.Time) (*Answer, error) {
-	a := &Answer{Refused: map[string]int{}}
-	dec := json.NewDecoder(r)
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return a, fmt.Errorf("want an object, got %v%v", t, errSuffix(err))
+// decode reads {"new": [...], "deleted": [...]}. A decision of a scope
+// or origin not asked for is refused: a LAPI that does not filter cannot
+// widen what rampart enforces.
+// A startup answer's deleted decisions (a million, after a flush of
+// bans) are read, not kept: the answer replaces the whole set.
+func (c *Client) decode(body []byte, now time.Time, startup bool) (*Answer, error) {
+	// About 140 bytes a decision: room for all of them at once.
+	a := &Answer{Refused: map[string]int{}, New: make([]Decision, 0, len(body)/160)}
+	keep := func(w *wire, deleted bool, to *[]Decision) {
+		d, reason := w.decision(now, deleted)
+		if reason == "" && len(c.Origins) > 0 && !slices.Contains(c.Origins, d.Origin) {
+			reason = "origin"
+		}
+		if reason == "" && len(c.Scopes) > 0 && !slices.Contains(c.Scopes, d.scope) {
+			reason = "scope"
+		}
+		if reason != "" {
+			a.Refused[reason]++
+			return
+		}
+		*to = append(*to, d)
 	}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return a, err
+	err := parseStream(body, func(key string, w *wire) {
+		switch {
+		case key == "new":
+			keep(w, false, &a.New)
+		case !startup:
+			keep(w, true, &a.Deleted)
 		}
-		key, _ := t.(string)
-		to := map[string]*[]Decision{"new": &a.New, "deleted": &a.Deleted}[key]
-		if to == nil {
-			var skip json.RawMessage
-			if err := dec.Decode(&skip); err != nil {
-				return a, err
-			}
-			continue
-		}
-		t, err = dec.Token()
-		if err != nil {
-			return a, err
-		}
-		if t == nil {
-			continue // null: none
-		}
-		if t != json.Delim('[') {
-			return a, fmt.Errorf("%q: want a list, got %v", key, t)
-		}
-		for dec.More() {
-			var w wire
-			if err := dec.Decode(&w); err != nil {
-				return a, fmt.Errorf("%q: %w", key, err)
-			}
-			d, reason := w.decision(now, key == "deleted")
-			if reason == "" && len(c.Origins) > 0 && !slices.Contains(c.Origins, d.Origin) {
-				reason = "origin"
-			}
-			if reason == "" && len(c.Scopes) > 0 && !slices.Contains(c.Scopes, d.scope) {
-				reason = "scope"
-			}
-			if reason != "" {
-				a.Refused[reason]++
-				continue
-			}
-			*to = append(*to, d)
-		}
-		if _, err := dec.Token(); err != nil {
-			return a, err
-		}
-	}
-	if _, err := dec.Token(); err != nil {
-		return a, err
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return a, errors.New("more after the answer's object")
-	}
-	return a, nil
+	})
+	return a, err
 }
 
 func errSuffix(err error) string {

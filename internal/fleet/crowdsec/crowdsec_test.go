@@ -37,12 +37,12 @@ func TestStreamDecodes(t *testing.T) {
 	"deleted":[{"id":9,"origin":"cscli","scope":"Ip","type":"ban","value":"192.0.2.1","duration":"-1s"}],
 	"extra":{"ignored":true}}`
 	c, reqs := lapi(t, 200, body)
-	a, err := c.Stream(context.Background(), true)
+	a, err := c.Stream(context.Background(), false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := (*reqs)[0]
-	if r.Header.Get("X-Api-Key") != "k" || r.URL.Path != "/v1/decisions/stream" || r.URL.Query().Get("startup") != "true" || r.URL.Query().Get("scopes") != "ip,range" {
+	if r.Header.Get("X-Api-Key") != "k" || r.URL.Path != "/v1/decisions/stream" || r.URL.Query().Get("startup") != "false" || r.URL.Query().Get("scopes") != "ip,range" {
 		t.Errorf("request %s %v", r.URL, r.Header)
 	}
 	var got []string
@@ -58,6 +58,10 @@ func TestStreamDecodes(t *testing.T) {
 	}
 	if a.Refused["scope"] != 1 || a.Refused["value"] != 1 || a.Refused["duration"] != 2 {
 		t.Errorf("refused: %v", a.Refused)
+	}
+	// A startup answer replaces the set: its deleted decisions are not kept.
+	if a, err := c.Stream(context.Background(), true); err != nil || len(a.New) != 3 || len(a.Deleted) != 0 || (*reqs)[1].URL.Query().Get("startup") != "true" {
+		t.Errorf("startup: %d new, %d deleted, %v", len(a.New), len(a.Deleted), err)
 	}
 }
 
