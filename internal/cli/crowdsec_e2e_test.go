@@ -342,7 +342,7 @@ func TestCrowdSecBadAnswers(t *testing.T) {
 	t.Cleanup(srv.Close)
 	pol := writeFile(t, "p.yaml", fmt.Sprintf("crowdsec: {url: %q, api_key: k, interval: 200ms}\nrules:\n  - {name: crowdsec, src: crowdsec, action: drop}\n", srv.URL))
 	port := freePort(t)
-	_, _, log := startServe(t, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port))
+	_, _, log := startServe(t, "--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--persist", t.TempDir())
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("rampart serve:\n%s", log)
