@@ -182,6 +182,9 @@ func TestCrowdSecBouncer(t *testing.T) {
 	within(t, "the IPv6 range ban enforced", 5*time.Second, banned6)
 	t.Logf("a ban added with cscli dropped traffic %s later (poll interval 1 s)", took.Round(time.Millisecond))
 	text := scrape(t, port)
+	if n := metric(t, text, "rampart_crowdsec_packets_total", `action="drop",origin="cscli"`); n < 20 {
+		t.Errorf("packets dropped by cscli's decisions: %v, want the 20 or more sent since the ban\n%s", n, text)
+	}
 	if n := metric(t, text, "rampart_crowdsec_decisions", `type="captcha"`); n != 1 {
 		t.Errorf("captcha decisions counted: %v, want 1", n)
 	}

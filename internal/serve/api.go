@@ -236,7 +236,7 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 func (d *Daemon) fedList(list string) error {
 	d.cs.mu.Lock()
 	defer d.cs.mu.Unlock()
-	if c := d.cs.cfg; c != nil && (list == c.List || list == "") {
+	if c := d.cs.cfg; c != nil && (d.cs.ownsList(list) || list == "") {
 		return fmt.Errorf("list %q is fed by CrowdSec (%s): change its decisions there (cscli decisions add|delete)", c.List, c.URL)
 	}
 	return nil

@@ -8,13 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/rampart-fw/rampart/internal/fleet/crowdsec"
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/fleet/crowdsec"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -44,7 +45,9 @@ type feed struct {
 	refused  map[string]uint64 // decisions refused, by reason
 	deltas   uint64            // answers that changed the set
 	lastSync time.Time
-	lastFull time.Time // the last startup answer applied
+	lastFull time.Time   // the last startup answer applied
+	split    originSplit // of the policy applied last
+	pending  originSplit // of the policy being applied
 	applied  prometheus.Histogram
 }
 
@@ -89,7 +92,10 @@ func SavedDecisions(fw *engine.Firewall, pol *policy.Policy) (int, error) {
 	if _, err := loadDecisions(set, []string{filepath.Join(fw.StateDir(), decisionsFile)}); err != nil {
 		return 0, err
 	}
-	pol.Lists[c.List] = policy.NewList(c.List, set.Prefixes())
+	// Split as the service splits it, so the rules keep their counters.
+	if split, ok := splitByOrigin(pol, c.List, set.ByOrigin()); !ok || len(split.lists) == 0 {
+		pol.Lists[c.List] = policy.NewList(c.List, set.Prefixes())
+	}
 	return set.Len(), nil
 }
 
@@ -127,7 +133,91 @@ func (d *Daemon) crowdsecList(pol *policy.Policy) {
 	}
 	set := f.set
 	f.mu.Unlock()
-	pol.Lists[c.List] = policy.NewList(c.List, set.Prefixes())
+	byOrigin := set.ByOrigin()
+	split, ok := splitByOrigin(pol, c.List, byOrigin)
+	if !ok || len(byOrigin) == 0 {
+		if !ok {
+			d.log.Warn("crowdsec: a list per origin would pass the policy's limits; the decisions are one list, counted together", "origins", len(byOrigin))
+		}
+		var all []netip.Prefix
+		for _, ps := range byOrigin {
+			all = append(all, ps...)
+		}
+		pol.Lists[c.List] = policy.NewList(c.List, all)
+	}
+	f.mu.Lock()
+	f.pending = split
+	f.mu.Unlock()
+}
+
+// originSplit is how a policy's rules over the CrowdSec list were split:
+// one list and one rule per origin, so that the kernel counts what each
+// origin's decisions drop.
+type originSplit struct {
+	byOrigin bool              // false: the decisions are one list
+	lists    map[string]string // origin → its list
+	rules    map[string]string // rule name → the origin whose list it matches
+}
+
+// splitByOrigin gives each origin of the decisions a list (LIST/ORIGIN)
+// and each rule naming LIST one copy per origin (RULE/ORIGIN) in its place:
+// the same verdicts in the same order, since the copies differ only in
+// which decisions they match. The names hold a '/', which no name a policy
+// file gives may hold. It leaves pol alone and says false when the copies
+// would pass the limits of a policy.
+func splitByOrigin(pol *policy.Policy, list string, byOrigin map[string][]netip.Prefix) (originSplit, bool) {
+	split := originSplit{byOrigin: true, lists: map[string]string{}, rules: map[string]string{}}
+	if len(byOrigin) == 0 {
+		return split, true
+	}
+	origins := make([]string, 0, len(byOrigin))
+	for o := range byOrigin {
+		origins = append(origins, o)
+	}
+	slices.Sort(origins)
+	var rules []policy.Rule
+	entries, refs := 0, map[string]bool{}
+	for _, r := range pol.Rules {
+		uses := slices.Contains(r.Src, list) || slices.Contains(r.Dst, list)
+		copies := []string{""}
+		if uses {
+			copies = origins
+		}
+		for _, o := range copies {
+			c := r
+			if o != "" {
+				c.Name = r.Name + "/" + o
+				c.Src = swap(r.Src, list, list+"/"+o)
+				c.Dst = swap(r.Dst, list, list+"/"+o)
+				split.rules[c.Name] = o
+			}
+			for _, l := range append(slices.Clone(c.Src), c.Dst...) {
+				refs[l] = true
+			}
+			entries += c.Entries()
+			rules = append(rules, c)
+		}
+	}
+	if entries > policy.MaxRules || len(refs) > policy.MaxLists {
+		return originSplit{}, false
+	}
+	for _, o := range origins {
+		name := list + "/" + o
+		pol.Lists[name] = policy.NewList(name, byOrigin[o])
+		split.lists[o] = name
+	}
+	pol.Rules = rules
+	return split, true
+}
+
+func swap(names []string, from, to string) []string {
+	out := slices.Clone(names)
+	for i, n := range out {
+		if n == from {
+			out[i] = to
+		}
+	}
+	return out
 }
 
 func sameSource(a, b *policy.CrowdSec) bool {
@@ -137,16 +227,37 @@ func sameSource(a, b *policy.CrowdSec) bool {
 
 // afterReload drops the live changes the rebuilt list now holds.
 func (d *Daemon) afterReload(pol *policy.Policy) {
+	f := d.cs
+	f.mu.Lock()
+	old, split := f.split, f.pending
+	f.split = split
+	f.mu.Unlock()
 	if pol.CrowdSec == nil {
 		return
 	}
-	if _, err := d.fw.RevertList(pol.CrowdSec.List, nil); err != nil {
-		d.log.Error("crowdsec: drop the live changes the list now holds", "err", err)
-		return
+	lists := []string{pol.CrowdSec.List}
+	for _, s := range []originSplit{old, split} {
+		for _, l := range s.lists {
+			lists = append(lists, l)
+		}
 	}
-	d.cs.mu.Lock()
-	d.cs.overlay, d.cs.dirty = 0, false
-	d.cs.mu.Unlock()
+	slices.Sort(lists)
+	for _, l := range slices.Compact(lists) {
+		if _, err := d.fw.RevertList(l, nil); err != nil {
+			d.log.Error("crowdsec: drop the live changes the list now holds", "list", l, "err", err)
+			return
+		}
+	}
+	f.mu.Lock()
+	f.overlay, f.dirty = 0, false
+	f.mu.Unlock()
+}
+
+// ownsList says whether a list is the CrowdSec feed's (its own, or one of
+// its origins').
+func (f *feed) ownsList(list string) bool {
+	c := f.cfg
+	return c != nil && (list == c.List || strings.HasPrefix(list, c.List+"/"))
 }
 
 // followCrowdSec polls the LAPI while the policy has a crowdsec section,
@@ -237,7 +348,7 @@ func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup 
 	}
 	f := d.cs
 	var err error
-	var adds []netip.Prefix
+	var adds []crowdsec.Decision
 	rebuild := startup
 	if startup {
 		rebuild = f.set.Replace(a) || f.dirty
@@ -248,11 +359,33 @@ func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup 
 		rebuild = removed || f.dirty || f.overlay+len(adds) > foldAt
 		f.mu.Unlock()
 	}
+	// New decisions go into their origin's list; an origin without one
+	// needs the lists built again.
+	byList := map[string][]netip.Prefix{}
+	if !rebuild {
+		f.mu.Lock()
+		for _, dec := range adds {
+			l := c.List
+			if f.split.byOrigin {
+				l = f.split.lists[dec.Origin]
+			}
+			if l == "" {
+				rebuild = true
+				break
+			}
+			byList[l] = append(byList[l], dec.Prefix)
+		}
+		f.mu.Unlock()
+	}
 	if rebuild {
 		err = d.reload("crowdsec decisions")
 	} else if len(adds) > 0 {
 		d.mu.Lock()
-		_, err = d.fw.ChangeList(engine.ListChange{List: c.List, Prefixes: adds, Add: true})
+		for l, ps := range byList {
+			if _, err = d.fw.ChangeList(engine.ListChange{List: l, Prefixes: ps, Add: true}); err != nil {
+				break
+			}
+		}
 		d.mu.Unlock()
 		f.mu.Lock()
 		f.overlay += len(adds)

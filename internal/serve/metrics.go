@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/stats"
 )
 
 // collector reads the engine on every scrape: counters are the kernel's
@@ -40,6 +41,8 @@ var (
 	descCSErrors   = prometheus.NewDesc("rampart_crowdsec_lapi_errors_total", "Failed polls of the CrowdSec LAPI by reason (connect, status, auth, too-large, decode); the decisions enforced stay.", []string{"reason"}, nil)
 	descCSRefused  = prometheus.NewDesc("rampart_crowdsec_decisions_refused_total", "Decisions of an answer that were not kept, by reason (scope, origin, value, duration, incomplete).", []string{"reason"}, nil)
 	descCSDeltas   = prometheus.NewDesc("rampart_crowdsec_deltas_applied_total", "Answers of the decision stream that changed the set, applied.", nil, nil)
+	descCSPackets  = prometheus.NewDesc("rampart_crowdsec_packets_total", "Packets that took the verdict of a rule over the CrowdSec list, by the origin of the decisions that matched (each origin has a list of its own).", []string{"origin", "action"}, nil)
+	descCSBytes    = prometheus.NewDesc("rampart_crowdsec_bytes_total", "Bytes of those packets.", []string{"origin", "action"}, nil)
 	descCSSync     = prometheus.NewDesc("rampart_crowdsec_last_sync_timestamp_seconds", "When the LAPI last answered a poll.", nil, nil)
 	descScrapeErr  = prometheus.NewDesc("rampart_scrape_errors", "Errors reading the engine during this scrape.", nil, nil)
 )
@@ -92,16 +95,29 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(d.lastOK))
 	d.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descAPIRefused, prometheus.CounterValue, float64(d.apiRefused.Load()))
-	d.cs.collect(ch)
+	d.cs.collect(ch, snap.Rows)
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, float64(errs))
 }
 
-// collect reports the CrowdSec feed, when the policy has one.
-func (f *feed) collect(ch chan<- prometheus.Metric) {
+// collect reports the CrowdSec feed, when the policy has one, and what
+// the rules over each origin's list counted.
+func (f *feed) collect(ch chan<- prometheus.Metric, rows []stats.Row) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.cfg == nil || f.set == nil {
 		return
+	}
+	type key struct{ origin, action string }
+	var sums = map[key][2]uint64{}
+	for _, r := range rows {
+		if o, ok := f.split.rules[r.Name]; ok && r.Kind == "rule" {
+			k := key{o, r.Action}
+			sums[k] = [2]uint64{sums[k][0] + r.Packets, sums[k][1] + r.Bytes}
+		}
+	}
+	for k, v := range sums {
+		ch <- prometheus.MustNewConstMetric(descCSPackets, prometheus.CounterValue, float64(v[0]), k.origin, k.action)
+		ch <- prometheus.MustNewConstMetric(descCSBytes, prometheus.CounterValue, float64(v[1]), k.origin, k.action)
 	}
 	for k, n := range f.set.Counts() {
 		ch <- prometheus.MustNewConstMetric(descCSActive, prometheus.GaugeValue, float64(n), k.Origin, k.Type)

@@ -106,11 +106,11 @@ func (s *Set) Replace(a *Answer) (changed bool) {
 	return false
 }
 
-// Update applies a delta. It returns the prefixes that new enforced
-// decisions bring (some may be enforced already), and whether a decision
-// went, which only rebuilding the list from the set can honour (another
-// decision may still hold its prefix, or a range around it).
-func (s *Set) Update(a *Answer) (adds []netip.Prefix, removed bool) {
+// Update applies a delta. It returns the new enforced decisions (their
+// prefixes may be enforced already), and whether a decision went, which
+// only rebuilding the list from the set can honour (another decision may
+// still hold its prefix, or a range around it).
+func (s *Set) Update(a *Answer) (adds []Decision, removed bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, d := range a.Deleted {
@@ -118,7 +118,7 @@ func (s *Set) Update(a *Answer) (adds []netip.Prefix, removed bool) {
 	}
 	for _, d := range a.New {
 		if s.put(d) && s.enforced(d.Prefix, d.Type) {
-			adds = append(adds, d.Prefix)
+			adds = append(adds, d)
 		}
 	}
 	return adds, removed
@@ -154,18 +154,25 @@ func (s *Set) Expire(now time.Time) bool {
 	return removed
 }
 
-// Prefixes are the enforced prefixes, each once.
+// Prefixes are the enforced prefixes (duplicates merge when a list is
+// built of them).
 func (s *Set) Prefixes() []netip.Prefix {
+	var out []netip.Prefix
+	for _, ps := range s.ByOrigin() {
+		out = append(out, ps...)
+	}
+	return out
+}
+
+// ByOrigin are the enforced prefixes by the origin of their decisions.
+func (s *Set) ByOrigin() map[string][]netip.Prefix {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	seen := make(map[netip.Prefix]struct{}, len(s.byID))
-	out := make([]netip.Prefix, 0, len(s.byID))
+	out := map[string][]netip.Prefix{}
 	for _, e := range s.byID {
-		if _, dup := seen[e.prefix]; dup || !s.enforced(e.prefix, e.kind.Type) {
-			continue
+		if s.enforced(e.prefix, e.kind.Type) {
+			out[e.kind.Origin] = append(out[e.kind.Origin], e.prefix)
 		}
-		seen[e.prefix] = struct{}{}
-		out = append(out, e.prefix)
 	}
 	return out
 }
