@@ -14,6 +14,9 @@ mkdir -p /etc/crowdsec
 [ -s /etc/crowdsec/online_api_credentials.yaml ] ||
   echo "# offline: rampart's tests run the Local API alone" >/etc/crowdsec/online_api_credentials.yaml
 apt-get install -y -qq --no-install-recommends crowdsec >/dev/null
+# After crowdsec, whose cscli its post-install uses; without systemd (CI,
+# containers) its service does not start, and rampart's lab runs it alone.
+apt-get install -y -qq --no-install-recommends crowdsec-firewall-bouncer >/dev/null
 if ! command -v go >/dev/null; then
   apt-get install -y -qq --no-install-recommends golang-go >/dev/null
 fi

@@ -8,8 +8,11 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	labcrowdsec "github.com/rampart-fw/rampart/internal/lab/crowdsec"
 
 	"github.com/spf13/cobra"
 
@@ -25,7 +28,7 @@ func labCmd(g *globals) *cobra.Command {
 		Use:   "lab",
 		Short: "Reproduce packet-filtering studies in network namespaces of its own",
 	}
-	c.AddCommand(labDropCmd(g), labFloodCmd(g), labEgressCmd(g), labProxyCmd(g))
+	c.AddCommand(labDropCmd(g), labFloodCmd(g), labEgressCmd(g), labProxyCmd(g), labCrowdSecCmd(g))
 	return c
 }
 
@@ -405,5 +408,73 @@ when it runs as root.`,
 	f.IntVar(&o.Rounds, "rounds", 2, "interleaved rounds; medians are reported")
 	f.IntVar(&o.Sessions, "sessions", 100000, "UDP client sessions")
 	f.StringVar(&methods, "methods", strings.Join(labproxy.Methods, ","), "methods to compare")
+	return c
+}
+
+func labCrowdSecCmd(g *globals) *cobra.Command {
+	var sizes, bouncers string
+	o := labcrowdsec.Options{Refresh: 20 * time.Second}
+	c := &cobra.Command{
+		Use:   "crowdsec [--sizes 1000,100000] [--bouncers rampart,cs-firewall-bouncer] [--refresh 20s]",
+		Short: "CrowdSec's decisions through rampart and through cs-firewall-bouncer, side by side",
+		Long: `Feeds one CrowdSec Local API (Debian's crowdsec, run offline with a
+database of the run's own) to rampart serve and to cs-firewall-bouncer
+(nftables mode, as its package configures it), each in namespaces of its
+own, both polling every second. For each size it imports that many bans
+with cscli, then bans the sender, and times until the sender's datagrams
+stop reaching the receiver's socket: from the import's start and from its
+end (the bouncers apply deltas in order, so the last ban enforced means
+the import was); the bouncer's CPU time over that, and its memory. The
+refresh check bans 1,000 addresses and the sender for --refresh, bans
+them again for an hour halfway, and checks the sender 5 s after the
+first expiry (cs-firewall-bouncer #509). Needs root, crowdsec and
+crowdsec-firewall-bouncer.`,
+		Example: "  rampart lab crowdsec --sizes 1000,100000,1000000 --json > crowdsec.json",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, s := range strings.Split(sizes, ",") {
+				n, err := strconv.Atoi(strings.TrimSpace(s))
+				if err != nil || n < 1 || n > 4_000_000 {
+					return fmt.Errorf("--sizes: %q is not a count of decisions from 1 to 4000000", s)
+				}
+				o.Sizes = append(o.Sizes, n)
+			}
+			for _, b := range strings.Split(bouncers, ",") {
+				if !slices.Contains(labcrowdsec.Bouncers, b) {
+					return fmt.Errorf("--bouncers: %q is not one of %s", b, strings.Join(labcrowdsec.Bouncers, ","))
+				}
+				o.Bouncers = append(o.Bouncers, b)
+			}
+			if o.Refresh != 0 && o.Refresh < 10*time.Second {
+				return fmt.Errorf("--refresh %s: give at least 10s (0 skips the check)", o.Refresh)
+			}
+			exe, err := os.Executable()
+			if err != nil {
+				return err
+			}
+			o.Exe = exe
+			dir, err := os.MkdirTemp("", "rampart-lab-crowdsec-")
+			if err != nil {
+				return err
+			}
+			defer os.RemoveAll(dir)
+			o.Dir = dir
+			progress, clearProgress := g.progressLine()
+			o.Progress = progress
+			rep, err := labcrowdsec.Run(cmd.Context(), o)
+			clearProgress()
+			if err != nil {
+				return err
+			}
+			if g.json {
+				return g.printJSON(rep)
+			}
+			renderCrowdSec(g.env.Stdout, cmd.CommandPath(), rep)
+			return nil
+		},
+	}
+	c.Flags().StringVar(&sizes, "sizes", "1000,100000", "decisions per import")
+	c.Flags().StringVar(&bouncers, "bouncers", strings.Join(labcrowdsec.Bouncers, ","), "bouncers to compare")
+	c.Flags().DurationVar(&o.Refresh, "refresh", o.Refresh, "the refresh check's first ban (0: no check)")
 	return c
 }

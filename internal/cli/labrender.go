@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	labcrowdsec "github.com/rampart-fw/rampart/internal/lab/crowdsec"
+
 	"github.com/rampart-fw/rampart/internal/lab"
 	"github.com/rampart-fw/rampart/internal/lab/drop"
 	"github.com/rampart-fw/rampart/internal/lab/egress"
@@ -195,5 +197,40 @@ func renderProxy(w io.Writer, command string, r *labproxy.Report) {
 		for _, c := range r.Checks {
 			fmt.Fprintf(w, "%-26s %6.3f  target %s  %s\n", c.Name, c.Value, c.Target, map[bool]string{true: "met", false: "MISSED"}[c.Met])
 		}
+	}
+}
+
+func renderCrowdSec(w io.Writer, command string, r *labcrowdsec.Report) {
+	fmt.Fprintf(w, "%s: %s, %d CPUs, kernel %s\n\n", command, r.Host.CPUModel, r.Host.CPUs, r.Host.Kernel)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "BOUNCER\tDECISIONS\tIMPORT s\tENFORCED s\tAFTER IMPORT s\tCPU s\tRSS MB\tPEAK MB\tSTATUS")
+	for _, x := range r.Rows {
+		status := x.Status
+		if x.Reason != "" {
+			status += ": " + x.Reason
+		}
+		if x.Status != "ok" {
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\t%s\n", x.Bouncer, x.Decisions, status)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%s\n", x.Bouncer, x.Decisions, x.ImportSeconds, x.EnforcedSeconds,
+			x.AfterImportSeconds, x.CPUSeconds, float64(x.RSSBytes)/1e6, float64(x.PeakRSSBytes)/1e6, status)
+	}
+	tw.Flush()
+	for _, s := range r.Speedup {
+		fmt.Fprintf(w, "\ncs-firewall-bouncer / rampart, import's end to enforced, %d decisions: %.1f× (target ≥ 10 at 100,000)", s.Decisions, s.Ratio)
+	}
+	if len(r.Speedup) > 0 {
+		fmt.Fprintln(w)
+	}
+	for _, x := range r.Refresh {
+		kept := map[bool]string{true: "still enforced", false: "LIFTED"}[x.Kept]
+		if x.Status != "ok" {
+			kept = x.Status + ": " + x.Reason
+		}
+		fmt.Fprintf(w, "\nrefresh, %s: %d bans for %s, sent again for 1h halfway: %s 5 s after the first expiry", x.Bouncer, x.Decisions, x.First, kept)
+	}
+	if len(r.Refresh) > 0 {
+		fmt.Fprintln(w)
 	}
 }

@@ -24,21 +24,22 @@ import (
 // length whatever its size, but each change rewrites its journal.
 const foldAt = 50_000
 
-// feed follows a CrowdSec Local API's decision stream into the list the
+// feed follows a CrowdSec Local API's decision stream into the lists the
 // policy's crowdsec section names. New decisions reach the kernel as live
 // list changes (milliseconds); a decision that goes (deleted, expired)
-// rebuilds the list from the set, since another decision may still hold
-// its address. The set is saved after each change, so a restarted service
+// owes a rebuild of the lists from the set within an interval, since
+// another decision may still hold its address. The set is saved after each change, so a restarted service
 // applies it before it asks the LAPI anything: enforcement never lapses.
 type feed struct {
-	mu      sync.Mutex
-	cfg     *policy.CrowdSec // as last applied; nil: the policy has none
-	set     *crowdsec.Set
-	loaded  bool // the saved set was read
-	resync  bool // ask for the whole set at the next poll
-	overlay int  // decisions pushed as live changes since the list was built
-	dirty   bool // the list must be built again (a build failed)
-	wake    chan struct{}
+	mu          sync.Mutex
+	cfg         *policy.CrowdSec // as last applied; nil: the policy has none
+	set         *crowdsec.Set
+	loaded      bool // the saved set was read
+	resync      bool // ask for the whole set at the next poll
+	overlay     int  // decisions pushed as live changes since the list was built
+	dirty       bool // a rebuild of the lists is owed
+	lastRebuild time.Time
+	wake        chan struct{}
 
 	polls    map[string]uint64 // by result: ok, error
 	errs     map[string]uint64 // by reason
@@ -122,7 +123,7 @@ func (d *Daemon) crowdsecList(pol *policy.Policy) {
 	if f.set == nil {
 		f.set = crowdsec.NewSet(nil)
 	}
-	f.set.Enforce = func(dec crowdsec.Decision) bool { return c.Enforces(dec.Type) }
+	f.set.SetEnforce(func(dec crowdsec.Decision) bool { return c.Enforces(dec.Type) })
 	if !f.loaded {
 		f.loaded = true
 		if from, err := loadDecisions(f.set, d.decisionsPaths()); err != nil {
@@ -249,7 +250,7 @@ func (d *Daemon) afterReload(pol *policy.Policy) {
 		}
 	}
 	f.mu.Lock()
-	f.overlay, f.dirty = 0, false
+	f.overlay, f.dirty, f.lastRebuild = 0, false, time.Now()
 	f.mu.Unlock()
 }
 
@@ -338,9 +339,11 @@ func (d *Daemon) followCrowdSec(ctx context.Context) {
 	}
 }
 
-// applyDecisions enforces an answer: a startup answer replaces the set and
-// rebuilds the list; a delta's new decisions become live changes, and one
-// that removes a decision rebuilds the list.
+// applyDecisions enforces an answer. A delta's new decisions become live
+// changes at once; what it removes is owed to a rebuild of the lists
+// (rebuildOwed). A startup answer that changes what is enforced rebuilds
+// the lists now; should that fail (a policy file broken meanwhile), its
+// new decisions go in as live changes.
 func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup bool) {
 	start := a.Received // the answer's arrival: decoding it is part of the delay
 	if start.IsZero() {
@@ -349,89 +352,118 @@ func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup 
 	f := d.cs
 	var err error
 	var adds []crowdsec.Decision
-	rebuild := startup
+	rebuilt := false
 	if startup {
-		rebuild = f.set.Replace(a) || f.dirty
+		var changed bool
+		if changed, adds = f.set.Replace(a); changed {
+			if err = d.reload("crowdsec decisions"); err == nil {
+				adds, rebuilt = nil, true
+			}
+		}
 	} else {
 		var removed bool
 		adds, removed = f.set.Update(a)
-		f.mu.Lock()
-		rebuild = removed || f.dirty || f.overlay+len(adds) > foldAt
-		f.mu.Unlock()
-	}
-	// New decisions go into their origin's list; an origin without one
-	// needs the lists built again.
-	byList := map[string][]netip.Prefix{}
-	if !rebuild {
-		f.mu.Lock()
-		for _, dec := range adds {
-			l := c.List
-			if f.split.byOrigin {
-				l = f.split.lists[dec.Origin]
-			}
-			if l == "" {
-				rebuild = true
-				break
-			}
-			byList[l] = append(byList[l], dec.Prefix)
+		if removed {
+			f.owe()
 		}
-		f.mu.Unlock()
 	}
-	if rebuild {
-		err = d.reload("crowdsec decisions")
-	} else if len(adds) > 0 {
-		d.mu.Lock()
-		for l, ps := range byList {
-			if _, err = d.fw.ChangeList(engine.ListChange{List: l, Prefixes: ps, Add: true}); err != nil {
-				break
-			}
-		}
-		d.mu.Unlock()
-		f.mu.Lock()
-		f.overlay += len(adds)
-		f.mu.Unlock()
+	if len(adds) > 0 {
+		err = errors.Join(err, d.addLive(c, adds))
 	}
 	f.mu.Lock()
 	f.lastSync, f.resync = time.Now(), false
-	if startup && err == nil {
+	if startup {
 		f.lastFull = f.lastSync
 	}
 	changed := startup || len(a.New)+len(a.Deleted) > 0
 	if changed {
 		f.deltas++
 	}
-	if err != nil {
-		f.dirty = true
-	}
 	f.mu.Unlock()
 	if err != nil {
-		d.log.Error("crowdsec: decisions not enforced yet; retried each second", "err", err)
-		return
+		f.owe()
+		d.log.Error("crowdsec: decisions not all enforced yet; the lists are built again within an interval", "err", err)
 	}
 	if changed {
 		f.applied.Observe(time.Since(start).Seconds())
 		d.log.Info("crowdsec decisions applied", "startup", startup, "new", len(a.New), "deleted", len(a.Deleted),
-			"decisions", f.set.Len(), "rebuilt", rebuild, "took", time.Since(start).Round(time.Millisecond).String())
+			"decisions", f.set.Len(), "rebuilt", rebuilt, "took", time.Since(start).Round(time.Millisecond).String())
 		d.saveDecisions()
 	}
 }
 
-// expireDecisions drops the decisions past their time and rebuilds the
-// list when any went, or when an earlier build failed.
+// owe marks a rebuild of the lists as owed.
+func (f *feed) owe() {
+	f.mu.Lock()
+	f.dirty = true
+	f.mu.Unlock()
+}
+
+// addLive puts decisions into their origins' lists as live changes. An
+// origin without a list yet borrows another's (its drops are counted
+// there) and a rebuild, which gives it its own, is owed; so is one once
+// the overlay holds more than foldAt.
+func (d *Daemon) addLive(c *policy.CrowdSec, adds []crowdsec.Decision) error {
+	f := d.cs
+	byList := map[string][]netip.Prefix{}
+	f.mu.Lock()
+	var spare string
+	for _, l := range f.split.lists {
+		if spare == "" || l < spare {
+			spare = l
+		}
+	}
+	if f.split.byOrigin && spare == "" {
+		f.dirty = true // the lists were built of no decision: one per origin is owed
+	}
+	for _, dec := range adds {
+		l := c.List
+		if f.split.byOrigin && spare != "" {
+			if l = f.split.lists[dec.Origin]; l == "" {
+				l, f.dirty = spare, true
+			}
+		}
+		byList[l] = append(byList[l], dec.Prefix)
+	}
+	f.overlay += len(adds)
+	if f.overlay > foldAt {
+		f.dirty = true
+	}
+	f.mu.Unlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for l, ps := range byList {
+		if _, err := d.fw.ChangeList(engine.ListChange{List: l, Prefixes: ps, Add: true}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// expireDecisions drops the decisions past their time, and pays an owed
+// rebuild of the lists: at most one an interval, so that a set whose
+// decisions expire every second is not rebuilt every second (a decision
+// gone stays enforced until then, never the other way).
 func (d *Daemon) expireDecisions() {
 	f := d.cs
 	f.mu.Lock()
-	c, set, dirty := f.cfg, f.set, f.dirty
+	c, set := f.cfg, f.set
 	f.mu.Unlock()
 	if c == nil || set == nil {
 		return
 	}
-	if !set.Expire(time.Now()) && !dirty {
+	if set.Expire(time.Now()) {
+		f.owe()
+	}
+	f.mu.Lock()
+	due := f.dirty && time.Since(f.lastRebuild) >= c.Interval
+	f.mu.Unlock()
+	if !due {
 		return
 	}
-	if err := d.reload("crowdsec decisions expired"); err != nil {
+	if err := d.reload("crowdsec decisions gone"); err != nil {
 		f.mu.Lock()
-		f.dirty = true
+		f.lastRebuild = time.Now() // retried an interval later, not every second
 		f.mu.Unlock()
 		return
 	}

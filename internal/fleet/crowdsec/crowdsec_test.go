@@ -100,8 +100,8 @@ func decision(id int64, prefix, typ string, ttl time.Duration) Decision {
 
 func TestSet(t *testing.T) {
 	s := NewSet(func(d Decision) bool { return d.Type == "ban" })
-	if !s.Replace(&Answer{New: []Decision{decision(1, "192.0.2.7/32", "ban", time.Hour), decision(2, "192.0.2.0/24", "ban", time.Hour), decision(3, "198.51.100.1/32", "captcha", time.Hour)}}) {
-		t.Error("a first startup answer changed nothing")
+	if changed, fresh := s.Replace(&Answer{New: []Decision{decision(1, "192.0.2.7/32", "ban", time.Hour), decision(2, "192.0.2.0/24", "ban", time.Hour), decision(3, "198.51.100.1/32", "captcha", time.Hour)}}); !changed || len(fresh) != 2 {
+		t.Errorf("a first startup answer: changed %v, %d fresh bans", changed, len(fresh))
 	}
 	if got := s.Prefixes(); len(got) != 2 {
 		t.Errorf("enforced %v, want the two bans", got)
@@ -110,7 +110,7 @@ func TestSet(t *testing.T) {
 		t.Error("the captcha is not counted")
 	}
 	// The same decisions again, with other expiries: nothing to rebuild.
-	if s.Replace(&Answer{New: []Decision{decision(1, "192.0.2.7/32", "ban", 2*time.Hour), decision(2, "192.0.2.0/24", "ban", time.Hour), decision(3, "198.51.100.1/32", "captcha", time.Hour)}}) {
+	if changed, _ := s.Replace(&Answer{New: []Decision{decision(1, "192.0.2.7/32", "ban", 2*time.Hour), decision(2, "192.0.2.0/24", "ban", time.Hour), decision(3, "198.51.100.1/32", "captcha", time.Hour)}}); changed {
 		t.Error("expiries alone counted as a change")
 	}
 	// A decision sent again takes its new time; one that expires goes.

@@ -41,6 +41,13 @@ func NewSet(enforce func(Decision) bool) *Set {
 	return &Set{byID: map[int64]entry{}, counts: map[Kind]int{}, Enforce: enforce}
 }
 
+// SetEnforce changes which decisions are enforced.
+func (s *Set) SetEnforce(enforce func(Decision) bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.Enforce = enforce
+}
+
 // Len is how many decisions the set holds.
 func (s *Set) Len() int {
 	s.mu.Lock()
@@ -86,24 +93,28 @@ func (s *Set) del(id int64) bool {
 
 // Replace makes the set what a startup answer says: every active decision.
 // It says whether what is enforced may have changed (a decision came or
-// went, or changed its prefix or type), not merely an expiry.
-func (s *Set) Replace(a *Answer) (changed bool) {
+// went, or changed its prefix or type), not merely an expiry, and returns
+// the enforced decisions that are new.
+func (s *Set) Replace(a *Answer) (changed bool, fresh []Decision) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old := s.byID
 	s.byID, s.counts, s.next = make(map[int64]entry, len(a.New)), map[Kind]int{}, time.Time{}
 	for _, d := range a.New {
 		s.put(d)
-	}
-	if len(old) != len(s.byID) {
-		return true
-	}
-	for id, e := range s.byID {
-		if o, ok := old[id]; !ok || o.prefix != e.prefix || o.kind.Type != e.kind.Type {
-			return true
+		if o, ok := old[d.ID]; (!ok || o.prefix != d.Prefix) && s.enforced(d.Prefix, d.Type) {
+			fresh = append(fresh, d)
 		}
 	}
-	return false
+	if len(old) != len(s.byID) || len(fresh) > 0 {
+		return true, fresh
+	}
+	for id, e := range s.byID {
+		if o, ok := old[id]; !ok || o.kind.Type != e.kind.Type {
+			return true, fresh
+		}
+	}
+	return false, fresh
 }
 
 // Update applies a delta. It returns the new enforced decisions (their
