@@ -130,10 +130,12 @@ func TestCrowdSecBouncer(t *testing.T) {
 	took := within(t, "the IPv4 ban enforced", 5*time.Second, banned4)
 	within(t, "the IPv6 range ban enforced", 5*time.Second, banned6)
 	t.Logf("a ban added with cscli dropped traffic %s later (poll interval 1 s)", took.Round(time.Millisecond))
+	// The first decisions went into the list the rules had; the list of
+	// their origin comes with the rebuild they owe, within an interval.
+	within(t, "packets dropped counted under the decisions' origin", 10*time.Second, func() bool {
+		return banned4() && metric(t, scrape(t, port), "rampart_crowdsec_packets_total", `action="drop",origin="cscli"`) >= 20
+	})
 	text := scrape(t, port)
-	if n := metric(t, text, "rampart_crowdsec_packets_total", `action="drop",origin="cscli"`); n < 20 {
-		t.Errorf("packets dropped by cscli's decisions: %v, want the 20 or more sent since the ban\n%s", n, text)
-	}
 	if n := metric(t, text, "rampart_crowdsec_decisions", `type="captcha"`); n != 1 {
 		t.Errorf("captcha decisions counted: %v, want 1", n)
 	}
@@ -352,12 +354,16 @@ func TestLabCrowdSec(t *testing.T) {
 		t.Fatalf("rows: %+v", rep.Rows)
 	}
 	for _, r := range rep.Rows {
-		if r.Status != "ok" || r.EnforcedSeconds <= 0 || r.AfterImportSeconds <= 0 || r.AfterImportSeconds > r.EnforcedSeconds || r.RSSBytes == 0 || r.CPUSeconds < 0 {
+		if r.Status != "ok" || r.EnforcedSeconds <= 0 || r.AfterImportSeconds <= 0 || r.AfterImportSeconds > r.EnforcedSeconds || r.RSSBytes == 0 || r.CPUSeconds < 0 ||
+			r.NsPerPacket <= 0 || r.FloodMpps <= 0 {
 			t.Errorf("%s: %+v", r.Bouncer, r)
 		}
-		t.Logf("%s: 1,000 decisions enforced %.2f s after the import began (%.2f s after it ended), %.2f s of CPU, %.1f MB", r.Bouncer, r.EnforcedSeconds, r.AfterImportSeconds, r.CPUSeconds, float64(r.RSSBytes)/1e6)
+		t.Logf("%s: 1,000 decisions enforced %.2f s after the import began (%.2f s after it ended), %.2f s of CPU, %.1f MB; a flood from them %.0f ns a packet at %.2f Mpps, %d leaked",
+			r.Bouncer, r.EnforcedSeconds, r.AfterImportSeconds, r.CPUSeconds, float64(r.RSSBytes)/1e6, r.NsPerPacket, r.FloodMpps, r.Leaked)
 	}
-	if len(rep.Speedup) != 1 || rep.Speedup[0].Ratio <= 0 {
+	// Leaked is not held to 0: the LAPI's delta can miss decisions of an
+	// import a poll met (both bouncers alike; rampart's resync mends it).
+	if len(rep.Speedup) != 1 || rep.Speedup[0].Ratio <= 0 || rep.Speedup[0].Cost <= 0 {
 		t.Errorf("speedup: %+v", rep.Speedup)
 	}
 	if len(rep.Refresh) != 2 {

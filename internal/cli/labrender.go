@@ -203,22 +203,23 @@ func renderProxy(w io.Writer, command string, r *labproxy.Report) {
 func renderCrowdSec(w io.Writer, command string, r *labcrowdsec.Report) {
 	fmt.Fprintf(w, "%s: %s, %d CPUs, kernel %s\n\n", command, r.Host.CPUModel, r.Host.CPUs, r.Host.Kernel)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "BOUNCER\tDECISIONS\tIMPORT s\tENFORCED s\tAFTER IMPORT s\tCPU s\tRSS MB\tPEAK MB\tSTATUS")
+	fmt.Fprintln(tw, "BOUNCER\tDECISIONS\tIMPORT s\tENFORCED s\tAFTER IMPORT s\tCPU s\tRSS MB\tPEAK MB\tFLOOD ns/pkt\tMpps\tLEAKED\tSTATUS")
 	for _, x := range r.Rows {
 		status := x.Status
 		if x.Reason != "" {
 			status += ": " + x.Reason
 		}
 		if x.Status != "ok" {
-			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\t%s\n", x.Bouncer, x.Decisions, status)
+			fmt.Fprintf(tw, "%s\t%d\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\n", x.Bouncer, x.Decisions, status)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%s\n", x.Bouncer, x.Decisions, x.ImportSeconds, x.EnforcedSeconds,
-			x.AfterImportSeconds, x.CPUSeconds, float64(x.RSSBytes)/1e6, float64(x.PeakRSSBytes)/1e6, status)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t%.2f\t%.1f\t%.1f\t%.0f\t%.2f\t%d\t%s\n", x.Bouncer, x.Decisions, x.ImportSeconds, x.EnforcedSeconds,
+			x.AfterImportSeconds, x.CPUSeconds, float64(x.RSSBytes)/1e6, float64(x.PeakRSSBytes)/1e6, x.NsPerPacket, x.FloodMpps, x.Leaked, status)
 	}
 	tw.Flush()
 	for _, s := range r.Speedup {
 		fmt.Fprintf(w, "\ncs-firewall-bouncer / rampart, import's end to enforced, %d decisions: %.1f× (target ≥ 10 at 100,000)", s.Decisions, s.Ratio)
+		fmt.Fprintf(w, "\nrampart / cs-firewall-bouncer, CPU per packet of a flood from the banned sources, %d decisions: %.2f (target ≤ 0.33)", s.Decisions, s.Cost)
 	}
 	if len(r.Speedup) > 0 {
 		fmt.Fprintln(w)
