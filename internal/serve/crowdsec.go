@@ -387,7 +387,7 @@ func (d *Daemon) applyDecisions(c *policy.CrowdSec, a *crowdsec.Answer, startup 
 	if changed {
 		f.applied.Observe(time.Since(start).Seconds())
 		d.log.Info("crowdsec decisions applied", "startup", startup, "new", len(a.New), "deleted", len(a.Deleted),
-			"decisions", f.set.Len(), "rebuilt", rebuilt, "took", time.Since(start).Round(time.Millisecond).String())
+			"decisions", f.set.Len(), "bytes", a.Bytes, "rebuilt", rebuilt, "took", time.Since(start).Round(time.Millisecond).String())
 		d.saveDecisions()
 	}
 }

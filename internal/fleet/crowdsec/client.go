@@ -168,13 +168,6 @@ func (c *Client) decode(body []byte, now time.Time, startup bool) (*Answer, erro
 	return a, err
 }
 
-func errSuffix(err error) string {
-	if err == nil {
-		return ""
-	}
-	return ": " + err.Error()
-}
-
 // decision checks a decision; a reason says why it cannot be kept.
 func (w *wire) decision(now time.Time, deleted bool) (Decision, string) {
 	if w.Scope == nil || w.Value == nil || w.Type == nil {
