@@ -1,0 +1,371 @@
+package flowspec
+
+import (
+	"fmt"
+	"math"
+	"net/netip"
+	"slices"
+	"strconv"
+
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// ActionKind is what a route does with the traffic it matches (RFC 8955
+// §7).
+type ActionKind int
+
+const (
+	// Accept: no traffic-rate: "treat the packet according to the normal
+	// forwarding behavior", a pass.
+	Accept      ActionKind = iota
+	Drop                   // a traffic-rate of 0
+	RateBytes              // traffic-rate-bytes, bytes per second
+	RatePackets            // traffic-rate-packets
+)
+
+var kindNames = []string{"accept", "drop", "rate-bytes", "rate-packets"}
+
+func (k ActionKind) String() string { return kindNames[k] }
+
+// Action is what a route's extended communities ask.
+type Action struct {
+	Kind ActionKind
+	Rate float64 // per second, for the rates
+	// Continue is traffic-action's T bit: evaluation goes on to the routes
+	// after this one (§7.3: set means "evaluate any subsequent Flow
+	// Specifications").
+	Continue bool
+	Sample   bool
+	// NotApplicable are the actions a host cannot take (redirect,
+	// traffic-marking): counted and shown, the rest of the route applies.
+	NotApplicable []string
+}
+
+func (a Action) String() string {
+	s := a.Kind.String()
+	switch a.Kind {
+	case RateBytes:
+		s += " " + strconv.FormatFloat(a.Rate, 'f', -1, 64) + "B/s"
+	case RatePackets:
+		s += " " + strconv.FormatFloat(a.Rate, 'f', -1, 64) + "/s"
+	}
+	if a.Continue {
+		s += " continue"
+	}
+	return s
+}
+
+// Unsupported is why a valid route cannot be installed: its match or
+// action needs what rampart's data plane does not have. Reason is a short
+// label for metrics.
+type Unsupported struct {
+	Reason string
+	Detail string
+}
+
+func (e *Unsupported) Error() string { return e.Detail }
+
+func unsupported(reason, format string, args ...any) error {
+	return &Unsupported{Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// MaxRulesPerRoute bounds how many rampart rules one route becomes: a match
+// is an OR of terms (several protocols, port or length ranges, flag
+// combinations) and each combination is a rule.
+const MaxRulesPerRoute = 64
+
+// Rules writes a route as rampart rules, named name, name/2, name/3…, in
+// one run: a packet matches one of them exactly when the route matches it
+// (the reference, Route.Matches). Prefixes become lists named by the
+// prefix, added to lists when missing. A route that can never match gives
+// no rules; one with Continue and accept does nothing and gives none.
+func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]policy.Rule, error) {
+	base := policy.Rule{Name: name, Proto: -1, Family: 4}
+	if r.IPv6 {
+		base.Family = 6
+	}
+	switch {
+	case a.Continue && a.Kind == Accept:
+		return nil, nil
+	case a.Continue && a.Kind != Drop:
+		return nil, unsupported("continue", "a rate with the terminal bit set (evaluate the routes after it): rampart's rules stop at the first match")
+	case a.Kind == Drop:
+		base.Action = policy.Drop
+	case a.Kind == Accept:
+		base.Action = policy.Pass
+	default:
+		base.Action = policy.Limit
+		l := &policy.RateLimit{Rate: a.Rate, Burst: 5}
+		if a.Kind == RateBytes {
+			// As a limit rule's bit rate: a burst of 10 ms of bytes, at
+			// least a full-size frame.
+			l.Rate, l.Bits = a.Rate*8, true
+			l.Burst = max(1514, uint64(a.Rate/100))
+		}
+		base.Limit = l
+	}
+	// Each component narrows the variants; some multiply them.
+	variants := []policy.Rule{base}
+	var ports []policy.Range // the port component's ranges, either side
+	protos := []policy.Range{{Lo: 0, Hi: 255}}
+	hasPorts := false
+	for i := range r.Components {
+		c := &r.Components[i]
+		var err error
+		switch c.Type {
+		case TypeDst, TypeSrc:
+			if c.Offset != 0 {
+				return nil, unsupported("prefix-offset", "%s: a prefix offset (%d) is not supported", typeNames[c.Type], c.Offset)
+			}
+			ln := c.Prefix.String()
+			if lists[ln] == nil {
+				lists[ln] = policy.NewList(ln, []netip.Prefix{c.Prefix})
+			}
+			for k := range variants {
+				if c.Type == TypeDst {
+					variants[k].Dst = []string{ln}
+				} else {
+					variants[k].Src = []string{ln}
+				}
+			}
+		case TypeProto:
+			protos = ranges(c.Ops, 255)
+		case TypePort:
+			ports, hasPorts = ranges(c.Ops, 65535), true
+		case TypeDport, TypeSport:
+			vals := ranges(c.Ops, 65535)
+			for k := range variants {
+				if c.Type == TypeDport {
+					variants[k].Dport = vals
+				} else {
+					variants[k].Sport = vals
+				}
+			}
+		case TypeTCPFlags:
+			terms, terr := flagTerms(c.Ops)
+			if terr != nil {
+				return nil, terr
+			}
+			variants, err = multiply(variants, len(terms), func(v policy.Rule, out *[]policy.Rule) {
+				for _, t := range terms {
+					v.FlagsOn, v.FlagsOff, v.HasFlags = t[0], t[1], true
+					*out = append(*out, v)
+				}
+			})
+		case TypeLength:
+			vals := ranges(c.Ops, 65535)
+			variants, err = multiply(variants, len(vals), func(v policy.Rule, out *[]policy.Rule) {
+				for _, rg := range vals {
+					v.Length = &rg
+					*out = append(*out, v)
+				}
+			})
+		default:
+			return nil, unsupported(typeNames[c.Type], "%s is not matched by rampart's data plane", typeNames[c.Type])
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	// Ports and flags never match other protocols than TCP and UDP: only
+	// those of the protocols matter then, and a rule is one protocol.
+	if r.Get(TypePort) != nil || r.Get(TypeDport) != nil || r.Get(TypeSport) != nil {
+		protos = intersect(protos, []policy.Range{{Lo: 6, Hi: 6}, {Lo: 17, Hi: 17}})
+	}
+	if r.Get(TypeTCPFlags) != nil {
+		protos = intersect(protos, []policy.Range{{Lo: 6, Hi: 6}})
+	}
+	if !slices.Equal(protos, []policy.Range{{Lo: 0, Hi: 255}}) {
+		var err error
+		variants, err = multiply(variants, count(protos), func(v policy.Rule, out *[]policy.Rule) {
+			for _, rg := range protos {
+				for p := int(rg.Lo); p <= int(rg.Hi); p++ {
+					v.Proto = p
+					*out = append(*out, v)
+				}
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if hasPorts {
+		// Port matches either side: a variant for each, with the side's
+		// own component narrowing it.
+		var err error
+		variants, err = multiply(variants, 2, func(v policy.Rule, out *[]policy.Rule) {
+			s, d := v, v
+			s.Sport = intersect(orAll(v.Sport), ports)
+			d.Dport = intersect(orAll(v.Dport), ports)
+			*out = append(*out, s, d)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	var out []policy.Rule
+	for _, v := range variants {
+		if v.Sport != nil && len(v.Sport) == 0 || v.Dport != nil && len(v.Dport) == 0 {
+			continue // an empty set of ports: never matches
+		}
+		out = append(out, v)
+	}
+	for k := range out {
+		if k > 0 {
+			out[k].Name = name + "/" + strconv.Itoa(k+1)
+		}
+	}
+	return out, nil
+}
+
+// multiply replaces each variant by what each gives, within
+// MaxRulesPerRoute.
+func multiply(vs []policy.Rule, each int, f func(policy.Rule, *[]policy.Rule)) ([]policy.Rule, error) {
+	if len(vs)*each > MaxRulesPerRoute {
+		return nil, unsupported("too-complex", "the match is an OR of more than %d combinations", MaxRulesPerRoute)
+	}
+	var out []policy.Rule
+	for _, v := range vs {
+		f(v, &out)
+	}
+	return out, nil
+}
+
+func count(rs []policy.Range) int {
+	n := 0
+	for _, r := range rs {
+		n += int(r.Hi-r.Lo) + 1
+	}
+	return n
+}
+
+// orAll is a side's ranges, or the whole domain when it has none.
+func orAll(rs []policy.Range) []policy.Range {
+	if rs == nil {
+		return []policy.Range{{Lo: 0, Hi: 65535}}
+	}
+	return rs
+}
+
+// ranges is the set of values in 0..maxV a numeric operator list accepts,
+// as sorted disjoint ranges: each term is a range or two, an AND run their
+// intersection, the list the union of its runs.
+func ranges(ops []Op, maxV uint64) []policy.Range {
+	var union, run []policy.Range
+	for i, o := range ops {
+		t := termRanges(o, maxV)
+		if i == 0 || !o.And {
+			union = append(union, run...)
+			run = t
+		} else {
+			run = intersect(run, t)
+		}
+	}
+	return normalize(append(union, run...))
+}
+
+func termRanges(o Op, maxV uint64) []policy.Range {
+	v := o.Value
+	var out []policy.Range
+	add := func(lo, hi uint64) {
+		if lo <= hi && lo <= maxV {
+			out = append(out, policy.Range{Lo: uint16(lo), Hi: uint16(min(hi, maxV))})
+		}
+	}
+	if o.Bits&opLt != 0 && v > 0 {
+		add(0, v-1)
+	}
+	if o.Bits&opEq != 0 {
+		add(v, v)
+	}
+	if o.Bits&opGt != 0 && v < math.MaxUint64 {
+		add(v+1, maxV)
+	}
+	return normalize(out)
+}
+
+func intersect(a, b []policy.Range) []policy.Range {
+	out := []policy.Range{}
+	for _, x := range a {
+		for _, y := range b {
+			lo, hi := max(x.Lo, y.Lo), min(x.Hi, y.Hi)
+			if lo <= hi {
+				out = append(out, policy.Range{Lo: lo, Hi: hi})
+			}
+		}
+	}
+	return normalize(out)
+}
+
+func normalize(rs []policy.Range) []policy.Range {
+	slices.SortFunc(rs, func(a, b policy.Range) int { return int(a.Lo) - int(b.Lo) })
+	out := []policy.Range{}
+	for _, r := range rs {
+		if n := len(out); n > 0 && int(r.Lo) <= int(out[n-1].Hi)+1 {
+			out[n-1].Hi = max(out[n-1].Hi, r.Hi)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// flagTerms writes a TCP flags operator list as an OR of (set, clear)
+// pairs, the rule model's flags match. A 2-byte value's first byte
+// (reserved bits and NS) is beyond it.
+func flagTerms(ops []Op) ([][2]uint8, error) {
+	var union, run [][2]uint8
+	for i, o := range ops {
+		if o.Value > 0xff {
+			return nil, unsupported("tcp-flags", "TCP flags %#x test the reserved bits or NS, which rampart's data plane does not read", o.Value)
+		}
+		t := flagTerm(o)
+		if i == 0 || !o.And {
+			union = append(union, run...)
+			run = t
+			continue
+		}
+		var next [][2]uint8
+		for _, x := range run {
+			for _, y := range t {
+				on, off := x[0]|y[0], x[1]|y[1]
+				if on&off == 0 {
+					next = append(next, [2]uint8{on, off})
+				}
+			}
+		}
+		run = next
+		if len(run) > MaxRulesPerRoute {
+			return nil, unsupported("too-complex", "the TCP flags are an OR of more than %d combinations", MaxRulesPerRoute)
+		}
+	}
+	union = append(union, run...)
+	slices.SortFunc(union, func(a, b [2]uint8) int { return int(a[0])<<8 | int(a[1]) - (int(b[0])<<8 | int(b[1])) })
+	return slices.Compact(union), nil
+}
+
+// flagTerm is one bitmask term as an OR of (set, clear) pairs.
+func flagTerm(o Op) [][2]uint8 {
+	v := uint8(o.Value)
+	match, not := o.Bits&opMatch != 0, o.Bits&opNot != 0
+	var out [][2]uint8
+	switch {
+	case match && !not: // every bit of v set
+		out = append(out, [2]uint8{v, 0})
+	case !match && not: // no bit of v set
+		out = append(out, [2]uint8{0, v})
+	case match && not: // some bit of v clear
+		for b := uint8(1); b != 0; b <<= 1 {
+			if v&b != 0 {
+				out = append(out, [2]uint8{0, b})
+			}
+		}
+	default: // some bit of v set
+		for b := uint8(1); b != 0; b <<= 1 {
+			if v&b != 0 {
+				out = append(out, [2]uint8{b, 0})
+			}
+		}
+	}
+	return out
+}
