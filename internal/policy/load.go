@@ -104,7 +104,7 @@ func (p *parser) strings(n *yaml.Node, field string) ([]string, error) {
 }
 
 func (p *parser) policy(root *yaml.Node) (*Policy, error) {
-	top, err := p.fields(root, "policy", "lists", "rules", "default", "unparsed", "crowdsec")
+	top, err := p.fields(root, "policy", "lists", "rules", "default", "unparsed", "crowdsec", "flowspec")
 	if err != nil {
 		return nil, err
 	}
@@ -155,20 +155,15 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 			return nil, p.errf(rn, "rules", "with their port lists, the rules need more than %d match entries (a rule takes one per pair of its sport and dport ranges)", MaxRules)
 		}
 	}
-	if n := countReferencedLists(pol); n > MaxLists {
-		return nil, p.errf(root, "rules", "rules refer to %d distinct lists and prefixes; at most %d are supported", n, MaxLists)
+	if _, refs := pol.Usage(); len(refs) > MaxLists {
+		return nil, p.errf(root, "rules", "rules refer to %d distinct lists and prefixes; at most %d are supported", len(refs), MaxLists)
 	}
-	return pol, nil
-}
-
-func countReferencedLists(pol *Policy) int {
-	used := map[string]bool{}
-	for _, r := range pol.Rules {
-		for _, n := range append(append([]string{}, r.Src...), r.Dst...) {
-			used[n] = true
+	if n := top["flowspec"]; n != nil {
+		if err := p.flowspec(n, pol); err != nil {
+			return nil, err
 		}
 	}
-	return len(used)
+	return pol, nil
 }
 
 func (p *parser) lists(n *yaml.Node, pol *Policy) error {

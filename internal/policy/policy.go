@@ -177,6 +177,9 @@ type Policy struct {
 	// CrowdSec, when set, feeds one of Lists from a CrowdSec Local API
 	// (rampart serve does).
 	CrowdSec *CrowdSec
+	// FlowSpec, when set, is a BGP speaker whose FlowSpec routes become
+	// rules at FlowSpecAt (rampart serve runs it).
+	FlowSpec *FlowSpec
 	// Warnings are legal but suspect things (a rule that can never match).
 	Warnings []Error
 }
@@ -197,3 +200,19 @@ const (
 	MaxRules = abi.MaxRules
 	MaxLists = abi.MaxLists
 )
+
+// Usage is what the policy takes of the data plane's limits: match
+// entries, and the lists its rules refer to.
+func (pol *Policy) Usage() (entries int, lists map[string]bool) {
+	lists = map[string]bool{}
+	for _, r := range pol.Rules {
+		entries += r.Entries()
+		for _, n := range r.Src {
+			lists[n] = true
+		}
+		for _, n := range r.Dst {
+			lists[n] = true
+		}
+	}
+	return entries, lists
+}

@@ -1,0 +1,211 @@
+package flowspec
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// Entry is a route a neighbor sent, as the table keeps it.
+type Entry struct {
+	Neighbor netip.Addr
+	Route    Route
+	NLRI     []byte // as sent: the key
+	Action   Action
+	Name     string    // its rules' name, from the NLRI
+	Since    time.Time // when it was last sent
+	// StaleUntil, when set, is when the route goes: its session was lost,
+	// and it is kept for the hold time unless sent again.
+	StaleUntil time.Time
+	// What Place made of it.
+	State  string // installed, unsupported, never-matches, shadowed, no-room
+	Reason string
+	Rules  []string // the names of its rules, when installed
+}
+
+// States of an entry after Place.
+const (
+	StateInstalled   = "installed"
+	StateUnsupported = "unsupported"
+	StateNever       = "never-matches" // its match is empty, or an accept that continues
+	StateShadowed    = "shadowed"      // another neighbor sent the same NLRI
+	StateNoRoom      = "no-room"       // past the policy's limits of rules and lists
+)
+
+// Table holds the routes of every neighbor. It is not safe for concurrent
+// use.
+type Table struct {
+	routes map[netip.Addr]map[string]*Entry
+	// Refused counts routes not taken, by reason (max-routes).
+	Refused map[string]uint64
+}
+
+// NewTable returns an empty table.
+func NewTable() *Table {
+	return &Table{routes: map[netip.Addr]map[string]*Entry{}, Refused: map[string]uint64{}}
+}
+
+// RouteName names a route's rules by its NLRI: the same route keeps its
+// name, and so its counters, across updates and restarts.
+func RouteName(nlri []byte, ipv6 bool) string {
+	fam := byte(4)
+	if ipv6 {
+		fam = 6
+	}
+	sum := sha256.Sum256(append([]byte{fam}, nlri...))
+	return "flowspec/" + hex.EncodeToString(sum[:6])
+}
+
+// Announce adds or replaces a neighbor's route; false when the neighbor
+// is at maxRoutes and the route is new (it is counted as refused).
+func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoutes int, now time.Time) bool {
+	m := t.routes[nb]
+	if m == nil {
+		m = map[string]*Entry{}
+		t.routes[nb] = m
+	}
+	key := string(nlri)
+	if e := m[key]; e != nil {
+		e.Action, e.Since, e.StaleUntil = a, now, time.Time{}
+		return true
+	}
+	if len(m) >= maxRoutes {
+		t.Refused["max-routes"]++
+		return false
+	}
+	m[key] = &Entry{Neighbor: nb, Route: r, NLRI: slices.Clone(nlri), Action: a, Name: RouteName(nlri, r.IPv6), Since: now}
+	return true
+}
+
+// Withdraw removes a neighbor's route; false when it had none.
+func (t *Table) Withdraw(nb netip.Addr, nlri []byte) bool {
+	m := t.routes[nb]
+	if m == nil || m[string(nlri)] == nil {
+		return false
+	}
+	delete(m, string(nlri))
+	return true
+}
+
+// SessionLost keeps a neighbor's routes until the hold time has passed,
+// unless they are sent again.
+func (t *Table) SessionLost(nb netip.Addr, hold time.Duration, now time.Time) {
+	for _, e := range t.routes[nb] {
+		if e.StaleUntil.IsZero() {
+			e.StaleUntil = now.Add(hold)
+		}
+	}
+}
+
+// Expire removes the stale routes whose time has come; it says how many.
+func (t *Table) Expire(now time.Time) int {
+	n := 0
+	for _, m := range t.routes {
+		for k, e := range m {
+			if !e.StaleUntil.IsZero() && !now.Before(e.StaleUntil) {
+				delete(m, k)
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Forget drops every route of neighbors not in keep (a neighbor removed
+// from the policy).
+func (t *Table) Forget(keep func(netip.Addr) bool) {
+	for nb := range t.routes {
+		if !keep(nb) {
+			delete(t.routes, nb)
+		}
+	}
+}
+
+// Len is the number of routes of a neighbor.
+func (t *Table) Len(nb netip.Addr) int { return len(t.routes[nb]) }
+
+// Entries are every route, IPv4 first, each family in RFC 8955 §5.1
+// order; the same NLRI from several neighbors in neighbor order.
+func (t *Table) Entries() []*Entry {
+	var out []*Entry
+	for _, m := range t.routes {
+		for _, e := range m {
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Entry) int {
+		if a.Route.IPv6 != b.Route.IPv6 {
+			if a.Route.IPv6 {
+				return 1
+			}
+			return -1
+		}
+		if c := Compare(&a.Route, &b.Route); c != 0 {
+			return c
+		}
+		return a.Neighbor.Compare(b.Neighbor)
+	})
+	return out
+}
+
+// Place writes the entries, in order, as rules into pol at
+// pol.FlowSpecAt(), as many as the policy's limits leave room for; each
+// entry's State says what became of it. Rules of IPv4 and IPv6 routes
+// never meet the same packet, so the families' order between them does
+// not matter.
+func Place(pol *policy.Policy, entries []*Entry) {
+	at := pol.FlowSpecAt()
+	used, refs := pol.Usage()
+	var rules []policy.Rule
+	seen := map[string]bool{}
+	for _, e := range entries {
+		e.Rules, e.Reason = nil, ""
+		if seen[e.Name] {
+			e.State = StateShadowed
+			continue
+		}
+		seen[e.Name] = true
+		added := map[string]*policy.List{}
+		rs, err := Rules(&e.Route, e.Action, e.Name, added)
+		if err != nil {
+			e.State, e.Reason = StateUnsupported, err.Error()
+			continue
+		}
+		if len(rs) == 0 {
+			e.State = StateNever
+			continue
+		}
+		n, newRefs := 0, map[string]bool{}
+		for _, r := range rs {
+			n += r.Entries()
+			for _, l := range append(slices.Clone(r.Src), r.Dst...) {
+				if !refs[l] {
+					newRefs[l] = true
+				}
+			}
+		}
+		if used+n > policy.MaxRules || len(refs)+len(newRefs) > policy.MaxLists {
+			e.State, e.Reason = StateNoRoom, "the policy's limits of rules and lists are reached"
+			continue
+		}
+		used += n
+		for l := range newRefs {
+			refs[l] = true
+		}
+		for name, l := range added {
+			if pol.Lists[name] == nil {
+				pol.Lists[name] = l
+			}
+		}
+		e.State = StateInstalled
+		for _, r := range rs {
+			e.Rules = append(e.Rules, r.Name)
+		}
+		rules = append(rules, rs...)
+	}
+	pol.Rules = slices.Insert(pol.Rules, at, rules...)
+}

@@ -1,0 +1,67 @@
+package policy
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestFlowSpecSection(t *testing.T) {
+	pol, err := Parse("p.yaml", []byte(`flowspec:
+  local_as: 65001
+  router_id: 192.0.2.1
+  listen: 0.0.0.0:1179
+  neighbors:
+    - {address: 192.0.2.2, peer_as: 65000}
+    - {address: "2001:db8::2", peer_as: AS65002, families: [ipv6], max_routes: 50, hold_time: 9s}
+  position: after ssh
+rules:
+  - {name: ssh, dport: 22, proto: tcp, action: pass}
+  - {name: web, dport: 80, proto: tcp, action: pass}
+  - {name: bad, src: 198.51.100.0/24, action: drop}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := pol.FlowSpec
+	if f == nil || f.LocalAS != 65001 || f.RouterID != netip.MustParseAddr("192.0.2.1") || f.Listen != netip.MustParseAddrPort("0.0.0.0:1179") || len(f.Neighbors) != 2 {
+		t.Fatalf("section read as %+v", f)
+	}
+	if n := f.Neighbors[0]; !n.IPv4 || !n.IPv6 || n.MaxRoutes != 10000 || n.HoldTime != 90*time.Second || n.PeerAS != 65000 {
+		t.Errorf("defaults: %+v", n)
+	}
+	if n := f.Neighbors[1]; n.IPv4 || !n.IPv6 || n.MaxRoutes != 50 || n.HoldTime != 9*time.Second || n.PeerAS != 65002 {
+		t.Errorf("second neighbor: %+v", n)
+	}
+	for pos, want := range map[string]int{"after ssh": 1, "before bad": 2, "first": 0, "last": 3, "auto": 2} {
+		f.Position, f.Anchor, _ = strings.Cut(pos, " ")
+		if got := pol.FlowSpecAt(); got != want {
+			t.Errorf("position %q: at %d, want %d", pos, got, want)
+		}
+	}
+}
+
+func TestFlowSpecErrors(t *testing.T) {
+	const nb = "  neighbors: [{address: 192.0.2.2, peer_as: 65000}]\n"
+	for _, c := range []struct{ name, yaml, want string }{
+		{"no as", "flowspec: {router_id: 192.0.2.1}\nrules: []", "p.yaml:1: flowspec.local_as: missing"},
+		{"bad as", "flowspec:\n  local_as: 0\n  router_id: 192.0.2.1\n" + nb + "rules: []", `p.yaml:2: flowspec.local_as: "0": must be an AS number`},
+		{"router id v6", "flowspec:\n  local_as: 1\n  router_id: '::1'\n" + nb + "rules: []", `p.yaml:3: flowspec.router_id: "::1": must be a non-zero IPv4 address`},
+		{"no neighbors", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\nrules: []", "p.yaml:2: flowspec.neighbors: needs a list of neighbors"},
+		{"bad listen", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  listen: 179\n" + nb + "rules: []", `p.yaml:4: flowspec.listen: "179"`},
+		{"dup neighbor", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  neighbors:\n    - {address: 192.0.2.2, peer_as: 2}\n    - {address: 192.0.2.2, peer_as: 3}\nrules: []", "p.yaml:6: flowspec.neighbors.address: 192.0.2.2 is already a neighbor at line 5"},
+		{"bad family", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  neighbors:\n    - {address: 192.0.2.2, peer_as: 2, families: [l2vpn]}\nrules: []", `p.yaml:5: flowspec.neighbors.families: "l2vpn"`},
+		{"hold time", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  neighbors:\n    - {address: 192.0.2.2, peer_as: 2, hold_time: 1s}\nrules: []", `p.yaml:5: flowspec.neighbors.hold_time: "1s"`},
+		{"max routes", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  neighbors:\n    - {address: 192.0.2.2, peer_as: 2, max_routes: 0}\nrules: []", `p.yaml:5: flowspec.neighbors.max_routes: "0"`},
+		{"no anchor", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  position: before nope\n" + nb + "rules: []", `p.yaml:4: flowspec.position: no rule is named "nope"`},
+		{"bad position", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  position: middle\n" + nb + "rules: []", `p.yaml:4: flowspec.position: "middle"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Parse("p.yaml", []byte(c.yaml))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v\nwant it to contain %q", err, c.want)
+			}
+		})
+	}
+}
