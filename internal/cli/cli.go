@@ -94,6 +94,7 @@ atomically and keeps them pinned so they outlive the command.`,
 		tuneCmd(g),
 		proxyCmd(g),
 		serveCmd(g),
+		flowspecCmd(g),
 		genManCmd(g),
 		versionCmd(g),
 	)

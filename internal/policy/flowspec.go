@@ -48,6 +48,19 @@ func (f *FlowSpec) Equal(g *FlowSpec) bool {
 		})
 }
 
+// Neighbor is the section's neighbor of an address, or nil; f may be nil.
+func (f *FlowSpec) Neighbor(addr netip.Addr) *Neighbor {
+	if f == nil {
+		return nil
+	}
+	for i := range f.Neighbors {
+		if f.Neighbors[i].Address == addr.Unmap() {
+			return &f.Neighbors[i]
+		}
+	}
+	return nil
+}
+
 // FlowSpecAt is where in pol.Rules the routes' rules go.
 func (pol *Policy) FlowSpecAt() int {
 	f := pol.FlowSpec

@@ -74,6 +74,10 @@ func (d *Daemon) apiHandler() http.Handler {
 		snap, err := d.fw.Stats()
 		reply(w, snap, err)
 	})
+	mux.HandleFunc("GET /v1/flowspec", func(w http.ResponseWriter, r *http.Request) {
+		snap, err := d.fw.Stats()
+		reply(w, d.flowspecShow(snap.Rows), err)
+	})
 	return mux
 }
 

@@ -96,6 +96,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	d.mu.Unlock()
 	ch <- prometheus.MustNewConstMetric(descAPIRefused, prometheus.CounterValue, float64(d.apiRefused.Load()))
 	d.cs.collect(ch, snap.Rows)
+	d.fs.collect(ch, snap.Rows)
 	ch <- prometheus.MustNewConstMetric(descScrapeErr, prometheus.GaugeValue, float64(errs))
 }
 

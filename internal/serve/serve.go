@@ -66,12 +66,13 @@ type Daemon struct {
 	apiGID     int           // --api-group's, -1 for none
 	apiRefused atomic.Uint64 // API requests from neither root nor the group
 
-	cs *feed // the CrowdSec decision stream, when the policy has one
+	cs *feed   // the CrowdSec decision stream, when the policy has one
+	fs *fsFeed // the BGP FlowSpec routes, when the policy has a speaker
 }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
-	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed()}
+	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed(), fs: newFSFeed()}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -144,6 +145,7 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 		wg.Go(func() { s.Serve(lns[i]) })
 	}
 	wg.Go(func() { d.followCrowdSec(ctx) })
+	wg.Go(func() { d.followFlowSpec(ctx) })
 	wg.Go(func() {
 		if err := fw.ServeExpiry(ctx, func(err error) { d.log.Error("expire list changes", "err", err) }); err != nil {
 			d.log.Error("expire list changes", "err", err)
@@ -209,6 +211,7 @@ func (d *Daemon) reloadLocked(why string) error {
 	var res *engine.ApplyResult
 	if err == nil {
 		d.crowdsecList(pol)
+		d.flowspecRules(pol)
 		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
 	}
 	d.lastReload, d.lastOK = time.Now(), err == nil
@@ -278,6 +281,7 @@ func (d *Daemon) link(u netlink.LinkUpdate) {
 
 // stop leaves the filter running unless told to detach.
 func (d *Daemon) stop() error {
+	d.stopFlowSpec()
 	d.persistChanges()
 	if !d.opt.DetachOnExit {
 		d.log.Info("stopping; the filter keeps running (rampart detach removes it)")

@@ -1,0 +1,255 @@
+package cli_test
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/serve"
+	"github.com/rampart-fw/rampart/internal/testutil"
+)
+
+// speaker is a BGP daemon of Debian's (gobgpd or bird) in a namespace.
+type speaker struct {
+	t    *testing.T
+	ns   string
+	cmd  *exec.Cmd
+	log  *strings.Builder
+	ctl  []string // the command line that drives it
+	name string
+}
+
+func (s *speaker) run(args ...string) string {
+	s.t.Helper()
+	full := append(append([]string{"netns", "exec", s.ns}, s.ctl...), args...)
+	out, err := exec.Command("ip", full...).CombinedOutput()
+	if err != nil {
+		s.t.Fatalf("%s %s: %v\n%s", s.name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (s *speaker) kill() {
+	if s.cmd.Process != nil {
+		s.cmd.Process.Signal(syscall.SIGKILL)
+		s.cmd.Wait()
+	}
+}
+
+// startGoBGP runs gobgpd in ns, from local to rampart's speaker at peer,
+// with both FlowSpec families; gobgp (its CLI) drives it over gRPC.
+func startGoBGP(t *testing.T, ns string, local, peer net.IP, as, peerAS int) *speaker {
+	dir := t.TempDir()
+	api := freePort(t)
+	conf := filepath.Join(dir, "gobgpd.toml")
+	os.WriteFile(conf, []byte(fmt.Sprintf(`[global.config]
+  as = %d
+  router-id = "192.0.2.250"
+  port = -1
+[[neighbors]]
+  [neighbors.config]
+    neighbor-address = %q
+    peer-as = %d
+  [neighbors.transport.config]
+    local-address = %q
+  [neighbors.timers.config]
+    connect-retry = 1
+    hold-time = 9
+    keepalive-interval = 3
+  [[neighbors.afi-safis]]
+    [neighbors.afi-safis.config]
+      afi-safi-name = "ipv4-flowspec"
+  [[neighbors.afi-safis]]
+    [neighbors.afi-safis.config]
+      afi-safi-name = "ipv6-flowspec"
+`, as, peer.String(), peerAS, local.String())), 0o644)
+	s := &speaker{t: t, ns: ns, log: &strings.Builder{}, name: "gobgp",
+		ctl: []string{"gobgp", "-u", "127.0.0.1", "-p", fmt.Sprint(api)}}
+	s.cmd = exec.Command("ip", "netns", "exec", ns, "gobgpd", "-f", conf, "-p", "--api-hosts", fmt.Sprintf("127.0.0.1:%d", api), "--pprof-disable")
+	w := &syncWriter{w: s.log}
+	s.cmd.Stdout, s.cmd.Stderr = w, w
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.kill)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if err := exec.Command("ip", append(append([]string{"netns", "exec", ns}, s.ctl...), "global")...).Run(); err == nil {
+			return s
+		}
+		if time.Now().After(end) {
+			t.Fatalf("gobgpd did not start:\n%s", s.log)
+		}
+	}
+}
+
+func flowspecShow(t *testing.T, ns string) serve.FlowSpecShow {
+	var show serve.FlowSpecShow
+	jsonOf(t, &show, "flowspec", "show", "--netns", ns, "--json")
+	return show
+}
+
+func routeByMatch(s serve.FlowSpecShow, substr string) *serve.FlowSpecRoute {
+	for i, r := range s.Routes {
+		if strings.Contains(r.Match, substr) {
+			return &s.Routes[i]
+		}
+	}
+	return nil
+}
+
+// TestFlowSpec: FlowSpec routes from gobgpd over a real BGP session become
+// rules that real traffic meets: drop, rate limit and withdraw, IPv4 and
+// IPv6; a route rampart's data plane cannot match is shown as such and
+// changes nothing; a neighbor's max_routes holds with the session up; a
+// lost session keeps the routes for the hold time, then they go; a
+// restarted service takes the routes again from the neighbor.
+func TestFlowSpec(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(pol, []byte(fmt.Sprintf(`flowspec:
+  local_as: 65001
+  router_id: 192.0.2.1
+  listen: "[::]:179"
+  neighbors:
+    - {address: %s, peer_as: 65000, hold_time: 6s, max_routes: 8}
+rules:
+  - {name: ssh, proto: tcp, dport: 22, action: pass}
+  - {name: blocked, src: 198.51.100.0/24, action: drop}
+default: pass
+`, p.A4)), 0o644)
+	port := freePort(t)
+	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	serveCmd, _, log := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	})
+	bgp := startGoBGP(t, p.NsA, p.A4, p.B4, 65000, 65001)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("gobgpd:\n%s", bgp.log)
+		}
+	})
+	within(t, "the BGP session up", 20*time.Second, func() bool {
+		s := flowspecShow(t, p.NsB)
+		return len(s.Neighbors) == 1 && s.Neighbors[0].Up
+	})
+
+	rx := map[int]*net.UDPConn{}
+	for _, port := range []int{9500, 9501, 9502} {
+		rx[port] = testutil.UDPListener(t, p.NsB, p.B4, port)
+	}
+	rx6 := testutil.UDPListener(t, p.NsB, p.B6, 9503)
+	arrive := func(port, n int) int {
+		testutil.SendUDP(t, p.NsA, p.B4, port, n)
+		return testutil.CountUDP(rx[port], 150*time.Millisecond)
+	}
+	arrive6 := func(n int) int {
+		testutil.SendUDP(t, p.NsA, p.B6, 9503, n)
+		return testutil.CountUDP(rx6, 150*time.Millisecond)
+	}
+	if arrive(9500, 20) != 20 || arrive6(20) != 20 {
+		t.Fatal("traffic is dropped before any route")
+	}
+
+	// A drop, a rate limit, an IPv6 drop, and a route the data plane
+	// cannot match (DSCP).
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9500", "then", "discard")
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9502", "then", "rate-limit", "2000")
+	bgp.run("global", "rib", "-a", "ipv6-flowspec", "add", "match", "destination", p.B6.String()+"/128", "protocol", "udp", "destination-port", "==9503", "then", "discard")
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "dscp", "==10", "then", "discard")
+	took := within(t, "the IPv4 drop route enforced", 10*time.Second, func() bool { return arrive(9500, 20) == 0 })
+	t.Logf("a route announced with gobgp dropped traffic %s later", took.Round(time.Millisecond))
+	within(t, "the IPv6 drop route enforced", 10*time.Second, func() bool { return arrive6(20) == 0 })
+	if n := arrive(9501, 20); n != 20 {
+		t.Errorf("%d of 20 datagrams to a port no route names arrived", n)
+	}
+	// 2000 bytes/s: of 200 datagrams of 48 bytes at line rate, the burst
+	// (10 ms of bytes, at least 1514) and little more pass.
+	if n := arrive(9502, 200); n == 0 || n > 60 {
+		t.Errorf("%d of 200 datagrams passed the 2000 B/s route", n)
+	}
+	show := flowspecShow(t, p.NsB)
+	drop := routeByMatch(show, "dport =9500")
+	limit := routeByMatch(show, "dport =9502")
+	dscp := routeByMatch(show, "dscp")
+	switch {
+	case drop == nil || drop.State != "installed" || drop.Action != "drop" || drop.Packets < 20:
+		t.Errorf("the drop route: %+v", drop)
+	case limit == nil || limit.State != "installed" || !strings.HasPrefix(limit.Action, "rate-bytes 2000") || limit.Packets+limit.Over < 200 || limit.Over == 0:
+		t.Errorf("the rate route: %+v", limit)
+	case dscp == nil || dscp.State != "unsupported" || !strings.Contains(dscp.Reason, "dscp"):
+		t.Errorf("the DSCP route: %+v", dscp)
+	}
+	text := scrape(t, port)
+	if v := metric(t, text, "rampart_flowspec_packets_total", `action="drop",route="`+drop.Name+`"`); v < 20 {
+		t.Errorf("rampart_flowspec_packets_total of the drop route: %v\n%s", v, text)
+	}
+	if v := metric(t, text, "rampart_flowspec_routes", `state="installed"`); v != 3 {
+		t.Errorf("routes installed: %v, want 3", v)
+	}
+	if v := metric(t, text, "rampart_flowspec_session_up", `neighbor="`+p.A4.String()+`"`); v != 1 {
+		t.Errorf("session metric: %v", v)
+	}
+	// The routes sit between the local pass rules and the local drops.
+	stats := mustRampart(t, "stats", "--netns", p.NsB)
+	if i, j, k := strings.Index(stats, "ssh"), strings.Index(stats, drop.Name), strings.Index(stats, "blocked"); !(i < j && j < k) {
+		t.Errorf("the routes' rules are not between the pass and drop rules:\n%s", stats)
+	}
+
+	// Withdrawn: traffic passes again.
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "del", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9500")
+	within(t, "the withdrawn route lifted", 10*time.Second, func() bool { return arrive(9500, 20) == 20 })
+
+	// max_routes 8: of 10 more routes, the neighbor's count stops at 8,
+	// the rest are refused and counted, the session stays up.
+	for i := range 10 {
+		bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", fmt.Sprintf("203.0.113.%d/32", i), "then", "discard")
+	}
+	within(t, "the route cap held", 10*time.Second, func() bool {
+		s := flowspecShow(t, p.NsB)
+		return s.Neighbors[0].Routes == 8 && s.Refused["max-routes"] >= 5 && s.Neighbors[0].Up
+	})
+	for i := range 10 {
+		bgp.run("global", "rib", "-a", "ipv4-flowspec", "del", "match", "destination", fmt.Sprintf("203.0.113.%d/32", i))
+	}
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9500", "then", "discard")
+	within(t, "the drop route enforced again", 10*time.Second, func() bool { return arrive(9500, 20) == 0 })
+
+	// The session lost: the routes stay for the hold time (6 s), then go.
+	bgp.kill()
+	lost := time.Now()
+	within(t, "the session seen lost", 15*time.Second, func() bool { return !flowspecShow(t, p.NsB).Neighbors[0].Up })
+	if arrive(9500, 20) != 0 && time.Since(lost) < 5*time.Second {
+		t.Errorf("the route went %s after the session was lost, before its hold time", time.Since(lost).Round(time.Millisecond))
+	}
+	within(t, "the routes removed after the hold time", 20*time.Second, func() bool { return arrive(9500, 20) == 20 })
+	t.Logf("routes of the lost session removed %s after it was lost (hold time 6 s; the session is seen lost after its own hold timer)", time.Since(lost).Round(time.Millisecond))
+
+	// A restarted service starts clean and takes the routes again.
+	bgp = startGoBGP(t, p.NsA, p.A4, p.B4, 65000, 65001)
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9500", "then", "discard")
+	within(t, "the route of the new session enforced", 20*time.Second, func() bool { return arrive(9500, 20) == 0 })
+	serveCmd.Process.Signal(syscall.SIGTERM)
+	serveCmd.Wait()
+	_, _, log2 := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve, restarted:\n%s", log2)
+		}
+	})
+	within(t, "the route taken again by the restarted service", 30*time.Second, func() bool {
+		r := routeByMatch(flowspecShow(t, p.NsB), "dport =9500")
+		return r != nil && r.State == "installed" && arrive(9500, 20) == 0
+	})
+}
