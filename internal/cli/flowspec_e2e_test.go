@@ -253,3 +253,120 @@ default: pass
 		return r != nil && r.State == "installed" && arrive(9500, 20) == 0
 	})
 }
+
+// startBird runs BIRD 2 in ns with the flow routes given (its static
+// protocol syntax), exported over one session from local to rampart at
+// peer; birdc drives it.
+func startBird(t *testing.T, ns string, local, peer net.IP, routes4, routes6 string) *speaker {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "bird.ctl")
+	conf := filepath.Join(dir, "bird.conf")
+	os.WriteFile(conf, []byte(fmt.Sprintf(`router id 192.0.2.251;
+protocol device {}
+flow4 table ft4;
+flow6 table ft6;
+protocol static fs4 {
+  flow4 { table ft4; };
+%s
+}
+protocol static fs6 {
+  flow6 { table ft6; };
+%s
+}
+protocol bgp rampart {
+  local %s as 65002;
+  neighbor %s port 179 as 65001;
+  connect retry time 1;
+  flow4 { table ft4; import none; export all; };
+  flow6 { table ft6; import none; export all; };
+}
+`, routes4, routes6, local, peer)), 0o644)
+	s := &speaker{t: t, ns: ns, log: &strings.Builder{}, name: "birdc", ctl: []string{"birdc", "-s", sock}}
+	s.cmd = exec.Command("ip", "netns", "exec", ns, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
+	w := &syncWriter{w: s.log}
+	s.cmd.Stdout, s.cmd.Stderr = w, w
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.kill)
+	return s
+}
+
+// TestFlowSpecBird: BIRD announces IPv4 and IPv6 flow routes over an IPv6
+// session, with their actions as extended communities: a traffic-rate of
+// 0 drops, a redirect is shown as not applicable on a host, a route
+// without an action passes what it matches before the local drops.
+func TestFlowSpecBird(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	dir := t.TempDir()
+	pol := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(pol, []byte(fmt.Sprintf(`flowspec:
+  local_as: 65001
+  router_id: 192.0.2.1
+  neighbors:
+    - {address: "%s", peer_as: 65002}
+rules:
+  - {name: closed, proto: udp, dport: 9610, action: drop}
+default: pass
+`, p.A6)), 0o644)
+	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB}
+	_, _, log := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	})
+	// Extended communities given raw, as BIRD's (generic, high, low):
+	// traffic-rate 0 is type 0x80 subtype 0x06, AS 0, rate 0.0; a
+	// redirect to route target 65000:1 is 0x80 0x08, 0xfde8, 1.
+	bird := startBird(t, p.NsA, p.A6, p.B6,
+		fmt.Sprintf(`  route flow4 { dst %s/32; proto = 17; dport = 9600; } { bgp_ext_community.add((generic, 0x80060000, 0)); };
+  route flow4 { dst %s/32; proto = 17; dport = 9602; } { bgp_ext_community.add((generic, 0x8008fde8, 1)); };
+  route flow4 { dst %s/32; proto = 17; dport = 9610; };`, p.B4, p.B4, p.B4),
+		fmt.Sprintf(`  route flow6 { dst %s/128; next header = 17; dport = 9601; } { bgp_ext_community.add((generic, 0x80060000, 0)); };`, p.B6))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("bird:\n%s\n%s", bird.log, bird.run("show", "protocols", "all", "rampart"))
+		}
+	})
+	rx := map[int]*net.UDPConn{}
+	for _, port := range []int{9600, 9602, 9610} {
+		rx[port] = testutil.UDPListener(t, p.NsB, p.B4, port)
+	}
+	rx6 := testutil.UDPListener(t, p.NsB, p.B6, 9601)
+	arrive := func(port, n int) int {
+		testutil.SendUDP(t, p.NsA, p.B4, port, n)
+		return testutil.CountUDP(rx[port], 150*time.Millisecond)
+	}
+	within(t, "BIRD's IPv4 drop route enforced", 30*time.Second, func() bool { return arrive(9600, 20) == 0 })
+	within(t, "BIRD's IPv6 drop route enforced", 10*time.Second, func() bool {
+		testutil.SendUDP(t, p.NsA, p.B6, 9601, 20)
+		return testutil.CountUDP(rx6, 150*time.Millisecond) == 0
+	})
+	if n := arrive(9602, 20); n != 20 {
+		t.Errorf("%d of 20 datagrams matched by a redirect route arrived: a host cannot redirect, and passes them", n)
+	}
+	// The route without an action sits before the local drop of 9610.
+	if n := arrive(9610, 20); n != 20 {
+		t.Errorf("%d of 20 datagrams an accept route matches arrived past the local drop after it", n)
+	}
+	show := flowspecShow(t, p.NsB)
+	if r := routeByMatch(show, "dport =9602"); r == nil || r.State != "installed" || r.Action != "accept" || len(r.NotHere) != 1 || r.NotHere[0] != "redirect" {
+		t.Errorf("the redirect route: %+v", r)
+	}
+	if r := routeByMatch(show, "dport =9601"); r == nil || r.Family != "ipv6" || r.Action != "drop" || r.Packets < 20 {
+		t.Errorf("the IPv6 route: %+v", r)
+	}
+	text := mustRampart(t, "flowspec", "show", "--netns", p.NsB)
+	for _, want := range []string{p.A6.String(), "up", "not on a host: redirect", "dport =9600"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("flowspec show lacks %q:\n%s", want, text)
+		}
+	}
+	// The IPv4 routes' protocol disabled in BIRD: they are withdrawn, and
+	// traffic passes.
+	bird.run("disable", "fs4")
+	within(t, "the withdrawn routes lifted", 10*time.Second, func() bool { return arrive(9600, 20) == 20 })
+}
