@@ -1,11 +1,15 @@
 package cli_test
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -369,4 +373,139 @@ default: pass
 	// traffic passes.
 	bird.run("disable", "fs4")
 	within(t, "the withdrawn routes lifted", 10*time.Second, func() bool { return arrive(9600, 20) == 20 })
+}
+
+// rawPeer is a BGP speaker of the test's own, over a real TCP session:
+// what it sends (malformed NLRI) no daemon would.
+type rawPeer struct {
+	t     *testing.T
+	c     net.Conn
+	notes chan []byte // NOTIFICATIONs received
+}
+
+func bgpMessage(typ byte, body []byte) []byte {
+	m := append(bytes.Repeat([]byte{0xff}, 16), 0, 0, typ)
+	binary.BigEndian.PutUint16(m[16:], uint16(19+len(body)))
+	return append(m, body...)
+}
+
+// dialRawPeer opens a session as AS as from ns to addr:179 with both
+// FlowSpec families, and keeps it alive.
+func dialRawPeer(t *testing.T, ns string, addr net.IP, as uint32) *rawPeer {
+	c, err := testutil.DialTCP(ns, addr, 179, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	caps := []byte{1, 4, 0, 1, 0, 133, 1, 4, 0, 2, 0, 133, 65, 4, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(caps[14:], as)
+	open := []byte{4, 0, 0, 0, 30, 192, 0, 2, 9, byte(2 + len(caps)), 2, byte(len(caps))}
+	binary.BigEndian.PutUint16(open[1:], uint16(as))
+	open = append(open, caps...)
+	p := &rawPeer{t: t, c: c, notes: make(chan []byte, 4)}
+	p.send(bgpMessage(1, open))
+	p.send(bgpMessage(4, nil))
+	go func() {
+		hdr := make([]byte, 19)
+		for {
+			if _, err := io.ReadFull(c, hdr); err != nil {
+				return
+			}
+			body := make([]byte, int(binary.BigEndian.Uint16(hdr[16:]))-19)
+			if _, err := io.ReadFull(c, body); err != nil {
+				return
+			}
+			switch hdr[18] {
+			case 3:
+				p.notes <- body
+			case 4:
+				p.send(bgpMessage(4, nil))
+			}
+		}
+	}()
+	return p
+}
+
+func (p *rawPeer) send(m []byte) {
+	if _, err := p.c.Write(m); err != nil {
+		p.t.Errorf("BGP session: %v", err)
+	}
+}
+
+// announce sends one UPDATE of an IPv4 FlowSpec NLRI (bytes as given,
+// length included) with traffic-rate 0.
+func (p *rawPeer) announce(as uint32, nlri []byte) {
+	mp := append([]byte{0, 1, 133, 0, 0}, nlri...)
+	attrs := []byte{0x40, 1, 1, 0, 0x40, 2, 6, 2, 1, 0, 0, 0, 0}
+	binary.BigEndian.PutUint32(attrs[9:], as)
+	attrs = append(attrs, 0x80, 14, byte(len(mp)))
+	attrs = append(attrs, mp...)
+	attrs = append(attrs, 0xc0, 16, 8, 0x80, 0x06, 0, 0, 0, 0, 0, 0)
+	body := append([]byte{0, 0, 0, 0}, attrs...)
+	binary.BigEndian.PutUint16(body[2:], uint16(len(attrs)))
+	p.send(bgpMessage(2, body))
+}
+
+// TestFlowSpecMalformed: NLRI that GoBGP passes on but that cannot be
+// read (an unknown component type, a value cut short) are counted and
+// ignored; the session stays up and the neighbor's next route is
+// enforced.
+func TestFlowSpecMalformed(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "policy.yaml", fmt.Sprintf(`flowspec:
+  local_as: 65001
+  router_id: 192.0.2.1
+  neighbors: [{address: %s, peer_as: 65000}]
+rules: []
+default: pass
+`, p.A4))
+	port := freePort(t)
+	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	_, _, log := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	})
+	peer := dialRawPeer(t, p.NsA, p.B4, 65000)
+	within(t, "the raw session up", 10*time.Second, func() bool { return flowspecShow(t, p.NsB).Neighbors[0].Up })
+	rx := testutil.UDPListener(t, p.NsB, p.B4, 9700)
+	rx2 := testutil.UDPListener(t, p.NsB, p.B4, 9701)
+	arrive := func(rx *net.UDPConn, port int) int {
+		testutil.SendUDP(t, p.NsA, p.B4, port, 20)
+		return testutil.CountUDP(rx, 150*time.Millisecond)
+	}
+	dst := append([]byte{1, 32}, p.B4.To4()...)
+	route := func(port int) []byte {
+		body := append(slices.Clone(dst), 3, 0x81, 17, 5, 0x91, byte(port>>8), byte(port))
+		return append([]byte{byte(len(body))}, body...)
+	}
+	peer.announce(65000, route(9700))
+	within(t, "the first route enforced", 10*time.Second, func() bool { return arrive(rx, 9700) == 0 })
+	for _, body := range [][]byte{
+		append(slices.Clone(dst), 0x20, 0x81, 1),    // component type 32
+		append(slices.Clone(dst), 3, 0xa1, 17),      // a 4-byte value, 1 byte there
+		append(slices.Clone(dst), 3, 0x01, 6, 0x01), // the operator list never ends
+	} {
+		peer.announce(65000, append([]byte{byte(len(body))}, body...))
+	}
+	peer.announce(65000, route(9701))
+	within(t, "the route after the malformed ones enforced", 10*time.Second, func() bool { return arrive(rx2, 9701) == 0 })
+	if text := scrape(t, port); !strings.Contains(text, "\nrampart_flowspec_malformed_total 3\n") {
+		t.Errorf("the three malformed routes are not counted:\n%s", text)
+	}
+	select {
+	case n := <-peer.notes:
+		t.Fatalf("the session was reset: NOTIFICATION %x", n)
+	default:
+	}
+	s := flowspecShow(t, p.NsB)
+	if !s.Neighbors[0].Up || s.Malformed != 3 || len(s.Routes) != 2 {
+		t.Errorf("after the malformed routes: %+v", s)
+	}
+	if arrive(rx, 9700) != 0 {
+		t.Error("the first route no longer holds")
+	}
 }
