@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -507,5 +508,94 @@ default: pass
 	}
 	if arrive(rx, 9700) != 0 {
 		t.Error("the first route no longer holds")
+	}
+}
+
+// histogram reads a Prometheus histogram of a scrape: the count, and the
+// count of observations at most each bound.
+func histogram(t *testing.T, text, name string) (count float64, le map[string]float64) {
+	le = map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		switch {
+		case strings.HasPrefix(line, name+"_count "):
+			count, _ = strconv.ParseFloat(strings.TrimPrefix(line, name+"_count "), 64)
+		case strings.HasPrefix(line, name+`_bucket{le="`):
+			rest := strings.TrimPrefix(line, name+`_bucket{le="`)
+			bound, v, _ := strings.Cut(rest, `"} `)
+			le[bound], _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	return count, le
+}
+
+// TestFlowSpecScale: BIRD announces 10,000 routes in one UPDATE stream,
+// then withdraws them all. Each route's time from its arrival to the
+// kernel enforcing it is rampart_flowspec_apply_seconds; the test logs its
+// buckets (the benchmark: go test -run TestFlowSpecScale -v ./internal/cli).
+func TestFlowSpecScale(t *testing.T) {
+	testutil.Privileged(t)
+	const n = 10_000
+	p := testutil.NewPair(t)
+	pol := writeFile(t, "policy.yaml", fmt.Sprintf(`flowspec:
+  local_as: 65001
+  router_id: 192.0.2.1
+  neighbors: [{address: %s, peer_as: 65002, max_routes: %d}]
+rules: []
+default: pass
+`, p.A4, n))
+	port := freePort(t)
+	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	_, _, log := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	})
+	var routes strings.Builder
+	for i := range n {
+		fmt.Fprintf(&routes, "  route flow4 { dst %s/32; proto = 17; dport = %d; } { bgp_ext_community.add((generic, 0x80060000, 0)); };\n", p.B4, 20000+i)
+	}
+	start := time.Now()
+	bird := startBird(t, p.NsA, p.A4, p.B4, routes.String(), "")
+	installed := func() int {
+		c := 0
+		for _, r := range flowspecShow(t, p.NsB).Routes {
+			if r.State == "installed" {
+				c++
+			}
+		}
+		return c
+	}
+	within(t, "10,000 routes installed", 120*time.Second, func() bool { return installed() == n })
+	t.Logf("10,000 routes installed %s after BIRD started", time.Since(start).Round(time.Millisecond))
+	rx := testutil.UDPListener(t, p.NsB, p.B4, 20000+n-1)
+	testutil.SendUDP(t, p.NsA, p.B4, 20000+n-1, 20)
+	if got := testutil.CountUDP(rx, 150*time.Millisecond); got != 0 {
+		t.Errorf("%d of 20 datagrams to the last route's port arrived", got)
+	}
+	report := func(what string, changes float64) {
+		var count float64
+		var le map[string]float64
+		within(t, "every change observed", 10*time.Second, func() bool {
+			count, le = histogram(t, scrape(t, port), "rampart_flowspec_apply_seconds")
+			return count == changes
+		})
+		var b strings.Builder
+		for _, bound := range []string{"0.1", "0.25", "0.5", "1", "2.5", "5", "10"} {
+			fmt.Fprintf(&b, " ≤%ss %.1f%%", bound, 100*le[bound]/count)
+		}
+		t.Logf("%s: %.0f route changes, arrival to enforced:%s", what, count, b.String())
+	}
+	report("announced", n)
+	start = time.Now()
+	bird.run("disable", "fs4")
+	within(t, "10,000 routes withdrawn", 120*time.Second, func() bool { return len(flowspecShow(t, p.NsB).Routes) == 0 })
+	t.Logf("10,000 routes withdrawn %s after birdc disable", time.Since(start).Round(time.Millisecond))
+	report("announced and withdrawn", 2*n)
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "why=flowspec") {
+			t.Log(line[strings.Index(line, "msg="):])
+		}
 	}
 }

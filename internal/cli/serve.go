@@ -42,7 +42,10 @@ and rename it over the old.
 
 API: POST /v1/ban and /v1/unban {"list": L, "prefixes": [...], "ttl": "10m"},
 POST /v1/revert {"list": L, "prefixes": [...]}, GET /v1/changes, /v1/status,
-/v1/stats.`,
+/v1/stats, /v1/flowspec (rampart flowspec show).
+
+A crowdsec: section makes it a CrowdSec bouncer, a flowspec: section a BGP
+speaker whose FlowSpec routes become rules (see the README).`,
 		Example: `  rampart serve -f /etc/rampart/policy.yaml --iface eth0
   curl --unix-socket /run/rampart/api.sock -d '{"list":"blocklist","prefixes":["203.0.113.7"],"ttl":"1h"}' http://rampart/v1/ban`,
 		Args: cobra.NoArgs,

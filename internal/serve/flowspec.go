@@ -23,9 +23,9 @@ type fsFeed struct {
 	speaker *flowspec.Speaker
 	table   *flowspec.Table
 	placed  []*flowspec.Entry // as the policy applied last placed them
-	// What is owed an apply: the arrival of the oldest change not yet
-	// enforced (zero: none).
-	pending time.Time
+	next    []*flowspec.Entry // as the policy being applied places them
+	// What is owed an apply: the arrival of each change not yet enforced.
+	pending []time.Time
 	wake    chan struct{}
 
 	sessions  map[netip.Addr]bool // up or not, by neighbor
@@ -40,7 +40,7 @@ func newFSFeed() *fsFeed {
 	return &fsFeed{table: flowspec.NewTable(), wake: make(chan struct{}, 1), sessions: map[netip.Addr]bool{},
 		updates: map[string]uint64{}, flaps: map[netip.Addr]uint64{},
 		applied: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "rampart_flowspec_apply_seconds",
-			Help:    "From a FlowSpec UPDATE's arrival to its routes enforced in the kernel.",
+			Help:    "From a FlowSpec route's arrival (announced or withdrawn) to the kernel enforcing it, per route.",
 			Buckets: []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}})}
 }
 
@@ -64,7 +64,7 @@ func (d *Daemon) flowspecRules(pol *policy.Policy) {
 	}
 	f.cfg = c
 	if c == nil {
-		f.placed = nil
+		f.next = nil
 		return
 	}
 	if f.speaker == nil {
@@ -79,7 +79,16 @@ func (d *Daemon) flowspecRules(pol *policy.Policy) {
 	}
 	entries := f.table.Entries()
 	flowspec.Place(pol, entries)
-	f.placed = entries
+	f.next = entries
+}
+
+// flowspecApplied records the routes of the policy just applied as the
+// ones enforced; under d.mu.
+func (d *Daemon) flowspecApplied() {
+	f := d.fs
+	f.mu.Lock()
+	f.placed, f.next = f.next, nil
+	f.mu.Unlock()
 }
 
 // flowspecEvents takes what the speaker heard, in order.
@@ -88,7 +97,6 @@ func (d *Daemon) flowspecEvents(evs []flowspec.Event) {
 	now := time.Now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	changed := false
 	for _, ev := range evs {
 		nb := f.cfg.Neighbor(ev.Neighbor)
 		if nb == nil {
@@ -101,13 +109,15 @@ func (d *Daemon) flowspecEvents(evs []flowspec.Event) {
 		case flowspec.Announced:
 			f.updates["announce"]++
 			if f.table.Announce(ev.Neighbor, ev.Route, ev.NLRI, ev.Action, nb.MaxRoutes, now) {
-				changed = true
+				f.owe(now)
 			} else {
 				d.log.Warn("flowspec: route refused: the neighbor is at its max_routes", "neighbor", ev.Neighbor, "max_routes", nb.MaxRoutes, "route", ev.Route.String())
 			}
 		case flowspec.Withdrawn:
 			f.updates["withdraw"]++
-			changed = f.table.Withdraw(ev.Neighbor, ev.NLRI) || changed
+			if f.table.Withdraw(ev.Neighbor, ev.NLRI) {
+				f.owe(now)
+			}
 		case flowspec.SessionUp:
 			f.sessions[ev.Neighbor] = true
 			d.log.Info("flowspec: session up", "neighbor", ev.Neighbor)
@@ -119,9 +129,6 @@ func (d *Daemon) flowspecEvents(evs []flowspec.Event) {
 			f.sessions[ev.Neighbor] = false
 			f.table.SessionLost(ev.Neighbor, nb.HoldTime, now)
 		}
-	}
-	if changed {
-		f.owe(now)
 	}
 }
 
@@ -137,11 +144,9 @@ func hexShort(b []byte) string {
 	return s
 }
 
-// owe marks an apply as owed, under f.mu.
-func (f *fsFeed) owe(since time.Time) {
-	if f.pending.IsZero() {
-		f.pending = since
-	}
+// owe marks an apply as owed for a change that arrived then, under f.mu.
+func (f *fsFeed) owe(arrived time.Time) {
+	f.pending = append(f.pending, arrived)
 	select {
 	case f.wake <- struct{}{}:
 	default:
@@ -149,9 +154,10 @@ func (f *fsFeed) owe(since time.Time) {
 }
 
 // followFlowSpec applies what the table owes: a burst of UPDATEs is taken
-// whole (until 50 ms pass without one, at most 250 ms after the first),
-// then applied in one reload. Routes of lost sessions go when their hold
-// time has passed.
+// whole (until 10 ms pass without one, at most 100 ms after the first),
+// then applied in one reload; what comes during a reload waits for it and
+// goes in the next. Routes of lost sessions go when their hold time has
+// passed.
 func (d *Daemon) followFlowSpec(ctx context.Context) {
 	f := d.fs
 	tick := time.NewTicker(time.Second)
@@ -172,29 +178,32 @@ func (d *Daemon) followFlowSpec(ctx context.Context) {
 		case <-f.wake:
 		}
 		first := time.Now()
-		for quiet := false; !quiet && time.Since(first) < 250*time.Millisecond; {
+		for quiet := false; !quiet && time.Since(first) < 100*time.Millisecond; {
 			select {
 			case <-ctx.Done():
 				return
 			case <-f.wake:
-			case <-time.After(50 * time.Millisecond):
+			case <-time.After(10 * time.Millisecond):
 				quiet = true
 			}
 		}
 		f.mu.Lock()
-		since := f.pending
-		f.pending = time.Time{}
+		changes := f.pending
+		f.pending = nil
 		f.mu.Unlock()
-		if since.IsZero() {
+		if len(changes) == 0 {
 			continue
 		}
 		if err := d.reload("flowspec"); err != nil {
 			f.mu.Lock()
-			f.owe(since) // again when the files are fixed, or at the next change
+			f.pending = append(changes, f.pending...) // again at the next change, or when the files are fixed
 			f.mu.Unlock()
 			continue
 		}
-		f.applied.Observe(time.Since(since).Seconds())
+		done := time.Now()
+		for _, t := range changes {
+			f.applied.Observe(done.Sub(t).Seconds())
+		}
 	}
 }
 

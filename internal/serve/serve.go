@@ -222,6 +222,7 @@ func (d *Daemon) reloadLocked(why string) error {
 		return err
 	}
 	d.afterReload(pol)
+	d.flowspecApplied()
 	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, map[string][2]int{}
 	for name, l := range pol.Lists {
 		d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}
