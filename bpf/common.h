@@ -16,6 +16,7 @@ enum limits {
 	 * the TCP flags byte 13. */
 	L4_PORTS = 4,
 	L4_FLAGS = 14,
+	L4_ICMP = 2, /* ICMP and ICMPv6: type and code */
 };
 
 /* Counter slots: fixed slots first, then one per rule. */
@@ -45,6 +46,18 @@ enum match_field {
 	MATCH_LENGTH = 1 << 6,
 	MATCH_IPV4 = 1 << 7,
 	MATCH_IPV6 = 1 << 8,
+	MATCH_ICMP_TYPE = 1 << 9, /* ICMP or ICMPv6 type and code; checked in the leaf */
+	MATCH_ICMP_CODE = 1 << 10,
+	MATCH_DSCP = 1 << 11,
+	MATCH_FRAGMENT = 1 << 12,
+};
+
+/* A frame's fragment bits, as BGP FlowSpec names them (RFC 8955 §4.2.2.12). */
+enum fragment {
+	FRAG_DF = 1,    /* IPv4's don't-fragment */
+	FRAG_IS = 2,    /* a fragment other than the first */
+	FRAG_FIRST = 4, /* the first fragment */
+	FRAG_LAST = 8,  /* the last fragment */
 };
 
 struct rule {
@@ -59,6 +72,11 @@ struct rule {
 	__u8 flags_clear; /* TCP flags that must be clear */
 	__u8 action;      /* enum action */
 	__u32 rule;       /* the policy's rule: a rule with port lists takes several entries */
+	__u8 icmp_type_lo, icmp_type_hi;
+	__u8 icmp_code_lo, icmp_code_hi;
+	__u8 dscp_lo, dscp_hi;
+	__u8 frag_set;   /* enum fragment bits that must be set */
+	__u8 frag_clear; /* and clear */
 };
 
 /* The classifier. Rules are not scanned: each field of a frame maps to an

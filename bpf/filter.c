@@ -73,6 +73,37 @@ enum match_result {
 	MATCH_UNKNOWN = 2, /* every field read matches; one the frame lacks decides */
 };
 
+/* The fields the classifier's trees leave to the leaf: DSCP, fragment
+ * bits, ICMP type and code (what BGP FlowSpec routes match besides). */
+static __always_inline int rule_matches_more(const struct rule *r, const struct pkt *p)
+{
+	__u32 f = r->match;
+	if ((f & MATCH_DSCP) && (p->dscp < r->dscp_lo || p->dscp > r->dscp_hi))
+		return NO_MATCH;
+	if (f & MATCH_FRAGMENT) {
+		/* IPv6's bits come from the chain's fragment header. */
+		if (p->family == 6 && p->l4 == L4_UNKNOWN)
+			return MATCH_UNKNOWN;
+		if ((p->frag & r->frag_set) != r->frag_set || (p->frag & r->frag_clear))
+			return NO_MATCH;
+	}
+	if (f & (MATCH_ICMP_TYPE | MATCH_ICMP_CODE)) {
+		if (p->l4 == L4_NONE)
+			return NO_MATCH;
+		if (p->l4 == L4_UNKNOWN)
+			return MATCH_UNKNOWN;
+		if (p->proto != (p->family == 4 ? IPPROTO_ICMP : IPPROTO_ICMPV6))
+			return NO_MATCH;
+		if (p->l4_len < L4_ICMP)
+			return MATCH_UNKNOWN;
+		if ((f & MATCH_ICMP_TYPE) && (p->icmp_type < r->icmp_type_lo || p->icmp_type > r->icmp_type_hi))
+			return NO_MATCH;
+		if ((f & MATCH_ICMP_CODE) && (p->icmp_code < r->icmp_code_lo || p->icmp_code > r->icmp_code_hi))
+			return NO_MATCH;
+	}
+	return MATCH;
+}
+
 static __always_inline int rule_matches(const struct rule *r, struct match_ctx *m)
 {
 	struct pkt *p = m->p;
@@ -93,6 +124,11 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 			return MATCH_UNKNOWN;
 		if (p->proto != r->proto)
 			return NO_MATCH;
+	}
+	if (f & (MATCH_DSCP | MATCH_FRAGMENT | MATCH_ICMP_TYPE | MATCH_ICMP_CODE)) {
+		int res = rule_matches_more(r, p);
+		if (res != MATCH)
+			return res;
 	}
 	if (f & (MATCH_SPORT | MATCH_DPORT | MATCH_TCP_FLAGS)) {
 		/* A non-first fragment has no ports: its datagram was judged by
@@ -390,6 +426,7 @@ struct abi_enums {
 	enum slot slot;
 	enum action action;
 	enum match_field match_field;
+	enum fragment fragment;
 	enum cuckoo cuckoo;
 	enum v4_entry v4_entry;
 	enum v6_table v6_table;

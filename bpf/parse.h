@@ -49,7 +49,11 @@ struct pkt {
 	__u8 proto;     /* L4 protocol; for IPv6 the one at the end of the chain */
 	__u8 tcp_flags;
 	__u8 l4;        /* enum l4_state */
-	__u8 l4_len;    /* TCP and UDP: 0, L4_PORTS or L4_FLAGS bytes read */
+	__u8 l4_len;    /* TCP and UDP: 0, L4_PORTS or L4_FLAGS bytes read; ICMP: 0 or L4_ICMP */
+	__u8 icmp_type; /* ICMP and ICMPv6, when l4_len */
+	__u8 icmp_code;
+	__u8 dscp;      /* IPv4's TOS, IPv6's traffic class, without ECN */
+	__u8 frag;      /* enum fragment; IPv6: known unless l4 is L4_UNKNOWN */
 	__u16 l3_off;   /* where the IP header starts */
 	__u16 l4_off;   /* where the TCP or UDP header starts (when l4_len) */
 };
@@ -131,9 +135,24 @@ static __always_inline void parse_l4(const struct frame *f, __u32 off, __u32 end
 {
 	p->l4 = L4_HEADER;
 	p->l4_off = off;
+	__u32 avail = end > off ? end - off : 0;
+	if (p->proto == (p->family == 4 ? IPPROTO_ICMP : IPPROTO_ICMPV6)) {
+		__u8 icmp[L4_ICMP], *ih;
+		if (avail < L4_ICMP)
+			return;
+		ih = in_place(f, off, L4_ICMP);
+		if (!ih) {
+			if (load_bytes(f->ctx, off, icmp, L4_ICMP, skb))
+				return;
+			ih = icmp;
+		}
+		p->icmp_type = ih[0];
+		p->icmp_code = ih[1];
+		p->l4_len = L4_ICMP;
+		return;
+	}
 	if (p->proto != IPPROTO_TCP && p->proto != IPPROTO_UDP)
 		return;
-	__u32 avail = end > off ? end - off : 0;
 	if (avail < L4_PORTS)
 		return;
 	/* Each branch reads exactly the bytes it checked. */
@@ -172,11 +191,14 @@ static __always_inline int ipv4_header(const struct frame *f, __u32 off, const s
 	p->l3_off = off;
 	p->len = tot;
 	p->proto = ip->protocol;
+	p->dscp = ip->tos >> 2;
 	*(__u32 *)p->saddr = ip->saddr;
 	*(__u32 *)p->daddr = ip->daddr;
+	__u16 frag = bpf_ntohs(ip->frag_off);
+	p->frag = (frag & 0x4000 ? FRAG_DF : 0) | (frag & 0x1fff ? (frag & 0x2000 ? FRAG_IS : FRAG_IS | FRAG_LAST) : (frag & 0x2000 ? FRAG_FIRST : 0));
 
 	/* A non-first fragment carries no L4 header: only L3 matches apply. */
-	if (ip->frag_off & bpf_htons(0x1fff)) {
+	if (frag & 0x1fff) {
 		p->l4 = L4_NONE;
 		return PARSE_OK;
 	}
@@ -210,6 +232,7 @@ struct ext_walk {
 	__u32 end; /* of the datagram */
 	__u8 nh;
 	__u8 state; /* enum ext_state */
+	__u8 frag;  /* enum fragment, from a fragment header */
 };
 
 enum ext_state {
@@ -240,9 +263,13 @@ static __always_inline long ext_step(struct ext_walk *w, const int skb)
 		return 1;
 	}
 	w->off = off;
-	if (nh == IPPROTO_FRAGMENT && (((h[2] << 8) | h[3]) & 0xfff8)) {
-		w->state = EXT_NONFIRST;
-		return 1;
+	if (nh == IPPROTO_FRAGMENT) {
+		__u16 fo = (h[2] << 8) | h[3];
+		w->frag = fo & 0xfff8 ? (fo & 1 ? FRAG_IS : FRAG_IS | FRAG_LAST) : (fo & 1 ? FRAG_FIRST : 0);
+		if (fo & 0xfff8) {
+			w->state = EXT_NONFIRST;
+			return 1;
+		}
 	}
 	if (!is_ipv6_ext(w->nh)) {
 		w->state = EXT_END;
@@ -270,6 +297,7 @@ static __always_inline int ipv6_header(const struct frame *f, __u32 off, const s
 
 	p->family = 6;
 	p->len = end - off;
+	p->dscp = ((ip6->priority << 4) | (ip6->flow_lbl[0] >> 4)) >> 2;
 	__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6->daddr, 16);
 	p->proto = ip6->nexthdr;
@@ -282,6 +310,7 @@ static __always_inline int ipv6_header(const struct frame *f, __u32 off, const s
 		struct ext_walk w = {.ctx = f->ctx, .off = off, .end = end, .nh = p->proto};
 		bpf_loop((end - off) / 8 + 1, skb ? ext_step_skb : ext_step_xdp, &w, 0);
 		p->proto = w.nh;
+		p->frag = w.frag;
 		if (w.state == EXT_NONFIRST) {
 			p->l4 = L4_NONE;
 			return PARSE_OK;

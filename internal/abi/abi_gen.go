@@ -21,6 +21,14 @@ type Rule struct {
 	FlagsClear uint8
 	Action     uint8
 	Rule       uint32
+	IcmpTypeLo uint8
+	IcmpTypeHi uint8
+	IcmpCodeLo uint8
+	IcmpCodeHi uint8
+	DscpLo     uint8
+	DscpHi     uint8
+	FragSet    uint8
+	FragClear  uint8
 }
 
 // Counter is struct counter.
@@ -192,6 +200,7 @@ const (
 	VLANUnrolled = 2
 	L4Ports      = 4
 	L4Flags      = 14
+	L4Icmp       = 2
 )
 
 // enum slot
@@ -222,6 +231,18 @@ const (
 	MatchLength   = 64
 	MatchIPv4     = 128
 	MatchIPv6     = 256
+	MatchIcmpType = 512
+	MatchIcmpCode = 1024
+	MatchDscp     = 2048
+	MatchFragment = 4096
+)
+
+// enum fragment
+const (
+	FragDf    = 1
+	FragIs    = 2
+	FragFirst = 4
+	FragLast  = 8
 )
 
 // enum cuckoo

@@ -167,12 +167,14 @@ default: pass
 		t.Fatal("traffic is dropped before any route")
 	}
 
-	// A drop, a rate limit, an IPv6 drop, and a route the data plane
-	// cannot match (DSCP).
+	// A drop, a rate limit, an IPv6 drop, a DSCP drop (the datagrams are
+	// DSCP 0: they pass), and a route the data plane cannot match (an
+	// IPv6 flow label).
 	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9500", "then", "discard")
 	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9502", "then", "rate-limit", "2000")
 	bgp.run("global", "rib", "-a", "ipv6-flowspec", "add", "match", "destination", p.B6.String()+"/128", "protocol", "udp", "destination-port", "==9503", "then", "discard")
 	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "dscp", "==10", "then", "discard")
+	bgp.run("global", "rib", "-a", "ipv6-flowspec", "add", "match", "destination", p.B6.String()+"/128", "label", "==5", "then", "discard")
 	took := within(t, "the IPv4 drop route enforced", 10*time.Second, func() bool { return arrive(9500, 20) == 0 })
 	t.Logf("a route announced with gobgp dropped traffic %s later", took.Round(time.Millisecond))
 	within(t, "the IPv6 drop route enforced", 10*time.Second, func() bool { return arrive6(20) == 0 })
@@ -188,20 +190,23 @@ default: pass
 	drop := routeByMatch(show, "dport =9500")
 	limit := routeByMatch(show, "dport =9502")
 	dscp := routeByMatch(show, "dscp")
+	label := routeByMatch(show, "flow-label")
 	switch {
 	case drop == nil || drop.State != "installed" || drop.Action != "drop" || drop.Packets < 20:
 		t.Errorf("the drop route: %+v", drop)
 	case limit == nil || limit.State != "installed" || !strings.HasPrefix(limit.Action, "rate-bytes 2000") || limit.Packets+limit.Over < 200 || limit.Over == 0:
 		t.Errorf("the rate route: %+v", limit)
-	case dscp == nil || dscp.State != "unsupported" || !strings.Contains(dscp.Reason, "dscp"):
+	case dscp == nil || dscp.State != "installed":
 		t.Errorf("the DSCP route: %+v", dscp)
+	case label == nil || label.State != "unsupported" || !strings.Contains(label.Reason, "flow-label"):
+		t.Errorf("the flow label route: %+v", label)
 	}
 	text := scrape(t, port)
 	if v := metric(t, text, "rampart_flowspec_packets_total", `action="drop",route="`+drop.Name+`"`); v < 20 {
 		t.Errorf("rampart_flowspec_packets_total of the drop route: %v\n%s", v, text)
 	}
-	if v := metric(t, text, "rampart_flowspec_routes", `state="installed"`); v != 3 {
-		t.Errorf("routes installed: %v, want 3", v)
+	if v := metric(t, text, "rampart_flowspec_routes", `state="installed"`); v != 4 {
+		t.Errorf("routes installed: %v, want 4", v)
 	}
 	if v := metric(t, text, "rampart_flowspec_session_up", `neighbor="`+p.A4.String()+`"`); v != 1 {
 		t.Errorf("session metric: %v", v)

@@ -374,7 +374,9 @@ func normalize(items []item, entries []abi.Rule) []item {
 	out := make([]item, 0, len(items))
 	var seen [2]bool
 	for _, it := range items {
-		sure := it.left == 0 && !it.vague
+		// Fields no tree splits on (DSCP, fragment, ICMP) are the leaf's
+		// to check: an entry that tests one is never sure.
+		sure := it.left == 0 && !it.vague && entries[it.entry].Match&leafFields == 0
 		if sure && it.unk {
 			kind := entries[it.entry].Action != abi.ActionPass
 			if seen[b2i(kind)] {
@@ -389,6 +391,9 @@ func normalize(items []item, entries []abi.Rule) []item {
 	}
 	return out
 }
+
+// leafFields are the fields the trees leave to the leaf's whole match.
+const leafFields = abi.MatchIcmpType | abi.MatchIcmpCode | abi.MatchDscp | abi.MatchFragment
 
 func b2i(b bool) int {
 	if b {

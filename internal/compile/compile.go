@@ -53,6 +53,22 @@ func Build(pol *policy.Policy) *Image {
 			cr.Match |= abi.MatchTCPFlags
 			cr.FlagsSet, cr.FlagsClear = r.FlagsOn, r.FlagsOff
 		}
+		if r.ICMPType != nil {
+			cr.Match |= abi.MatchIcmpType
+			cr.IcmpTypeLo, cr.IcmpTypeHi = uint8(r.ICMPType.Lo), uint8(r.ICMPType.Hi)
+		}
+		if r.ICMPCode != nil {
+			cr.Match |= abi.MatchIcmpCode
+			cr.IcmpCodeLo, cr.IcmpCodeHi = uint8(r.ICMPCode.Lo), uint8(r.ICMPCode.Hi)
+		}
+		if r.DSCP != nil {
+			cr.Match |= abi.MatchDscp
+			cr.DscpLo, cr.DscpHi = uint8(r.DSCP.Lo), uint8(r.DSCP.Hi)
+		}
+		if r.HasFrag {
+			cr.Match |= abi.MatchFragment
+			cr.FragSet, cr.FragClear = r.FragOn, r.FragOff
+		}
 		if r.Limit != nil {
 			img.Limits[i] = limit(r.Limit)
 			img.PerSource = img.PerSource || r.Limit.PerSource

@@ -212,6 +212,21 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 		if rng.IntN(4) == 0 {
 			f = append(f, "length: "+strconv.Quote(randomRange(rng, 0, 200)))
 		}
+		// The fields the leaf checks (BGP FlowSpec's): ICMP type and code,
+		// DSCP, fragment bits.
+		l4 := slices.ContainsFunc(f, func(s string) bool { return strings.Contains(s, "port: ") || strings.HasPrefix(s, "tcp_flags") })
+		if (proto == "icmp" || proto == "icmpv6" || proto == "") && !l4 && rng.IntN(3) == 0 {
+			f = append(f, "icmp_type: "+strconv.Quote(randomRange(rng, 0, 10)))
+			if rng.IntN(2) == 0 {
+				f = append(f, "icmp_code: "+strconv.Quote(randomRange(rng, 0, 3)))
+			}
+		}
+		if rng.IntN(6) == 0 {
+			f = append(f, "dscp: "+strconv.Quote(randomRange(rng, 8, 14)))
+		}
+		if rng.IntN(5) == 0 {
+			f = append(f, fmt.Sprintf("fragment: %q", []string{"is", "!is", "first", "last", "df", "!df,!is", "is,!last", "!first,!is"}[rng.IntN(8)]))
+		}
 		hasDport := slices.ContainsFunc(f, func(s string) bool { return strings.HasPrefix(s, "dport: ") })
 		switch n := rng.IntN(10); {
 		case n == 0:
@@ -284,6 +299,10 @@ func randomFrame(rng *rand.Rand) []byte {
 		Dport:    uint16(rng.IntN(portSpread)),
 		TCPFlags: uint8(rng.UintN(256)),
 		Payload:  rng.IntN(160),
+		ICMPType: uint8(rng.IntN(12)),
+		ICMPCode: uint8(rng.IntN(4)),
+		TOS:      uint8(8+rng.IntN(8)) << 2,
+		DF:       rng.IntN(2) == 0,
 	}
 	if rng.IntN(5) == 0 {
 		f.VLANs = make([]uint16, 1+rng.IntN(2))

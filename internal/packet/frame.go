@@ -18,6 +18,8 @@ type Frame struct {
 	Src, Dst  netip.Addr
 	IPOptions []byte   // IPv4 options, a multiple of 4 bytes
 	Ext       []ExtHdr // IPv6 extension headers in order
+	TOS       uint8    // IPv4's TOS, IPv6's traffic class: DSCP << 2 | ECN
+	DF        bool     // IPv4's don't-fragment
 	FragOff   uint16   // fragment offset in 8-byte units
 	MoreFrags bool
 	Fragment  bool // IPv6: add a fragment header even when FragOff is 0
@@ -25,6 +27,8 @@ type Frame struct {
 	Sport     uint16
 	Dport     uint16
 	TCPFlags  uint8
+	ICMPType  uint8 // ICMP and ICMPv6; 0 with code 0: an echo request
+	ICMPCode  uint8
 	Seq, Ack  uint32 // TCP sequence and acknowledgement numbers
 	TCPOpts   []byte // TCP options, a multiple of 4 bytes
 	Data      []byte // payload bytes after the L4 header
@@ -69,9 +73,13 @@ func (f Frame) Bytes() []byte {
 		ip := make([]byte, hl)
 		ip[0] = 0x40 | byte(hl/4)
 		binary.BigEndian.PutUint16(ip[2:], uint16(hl+len(l4)))
+		ip[1] = f.TOS
 		frag := f.FragOff & 0x1fff
 		if f.MoreFrags {
 			frag |= 0x2000
+		}
+		if f.DF {
+			frag |= 0x4000
 		}
 		binary.BigEndian.PutUint16(ip[6:], frag)
 		ip[8] = 64
@@ -113,7 +121,8 @@ func (f Frame) Bytes() []byte {
 		next = hdrs[i].Type
 	}
 	ip := make([]byte, 40)
-	ip[0] = 0x60
+	ip[0] = 0x60 | f.TOS>>4
+	ip[1] = f.TOS << 4
 	binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+len(l4)))
 	ip[6] = next
 	ip[7] = 64
@@ -139,12 +148,12 @@ func (f Frame) l4() []byte {
 	case 17:
 		h = make([]byte, 8)
 		binary.BigEndian.PutUint16(h[4:], uint16(8+len(f.Data)+f.Payload))
-	case 1:
+	case 1, 58:
 		h = make([]byte, 8)
-		h[0] = 8 // echo request
-	case 58:
-		h = make([]byte, 8)
-		h[0] = 128 // echo request
+		h[0], h[1] = f.ICMPType, f.ICMPCode
+		if f.ICMPType == 0 && f.ICMPCode == 0 {
+			h[0] = map[uint8]byte{1: 8, 58: 128}[f.Proto] // echo request
+		}
 	}
 	if f.Proto == 6 || f.Proto == 17 {
 		binary.BigEndian.PutUint16(h[0:], f.Sport)

@@ -108,6 +108,34 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 			return noMatch
 		}
 	}
+	// In the data plane's order (rule_matches_more).
+	if r.DSCP != nil && (p.DSCP < uint8(r.DSCP.Lo) || p.DSCP > uint8(r.DSCP.Hi)) {
+		return noMatch
+	}
+	if r.HasFrag {
+		if p.IsIPv6 && p.L4 == L4Unknown {
+			return matchUnknown
+		}
+		if p.Frag&r.FragOn != r.FragOn || p.Frag&r.FragOff != 0 {
+			return noMatch
+		}
+	}
+	if r.ICMPType != nil || r.ICMPCode != nil {
+		switch {
+		case p.L4 == L4None:
+			return noMatch
+		case p.L4 == L4Unknown:
+			return matchUnknown
+		case p.Proto != icmpOf(p.IsIPv6):
+			return noMatch
+		case p.L4Len < l4ICMP:
+			return matchUnknown
+		case r.ICMPType != nil && (p.ICMPType < uint8(r.ICMPType.Lo) || p.ICMPType > uint8(r.ICMPType.Hi)):
+			return noMatch
+		case r.ICMPCode != nil && (p.ICMPCode < uint8(r.ICMPCode.Lo) || p.ICMPCode > uint8(r.ICMPCode.Hi)):
+			return noMatch
+		}
+	}
 	if r.NeedsL4Header() {
 		switch {
 		case p.L4 == L4None:
@@ -146,5 +174,8 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 func (r *Rule) NeedsL4Header() bool { return r.Sport != nil || r.Dport != nil || r.HasFlags }
 
 // NeedsL4 reports whether the rule looks past the L3 header: at the
-// protocol, ports or flags.
-func (r *Rule) NeedsL4() bool { return r.Proto >= 0 || r.NeedsL4Header() }
+// protocol, ports, flags, ICMP type or code, or IPv6's fragment header.
+func (r *Rule) NeedsL4() bool {
+	// Fragment bits: IPv6's are in the header chain, walked for L4.
+	return r.Proto >= 0 || r.NeedsL4Header() || r.ICMPType != nil || r.ICMPCode != nil || r.HasFrag
+}

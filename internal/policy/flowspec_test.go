@@ -65,3 +65,39 @@ func TestFlowSpecErrors(t *testing.T) {
 		})
 	}
 }
+
+// The fields BGP FlowSpec brings to rules: ICMP type and code, DSCP and
+// fragment bits, read and refused as the other fields are.
+func TestLeafFields(t *testing.T) {
+	pol, err := Parse("p.yaml", []byte(`rules:
+  - {name: echo, proto: icmp, icmp_type: 8, icmp_code: 0-3, action: drop}
+  - {name: ef, dscp: 46, action: pass}
+  - {name: frags, fragment: "is,!last", action: drop}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := pol.Rules
+	if *r[0].ICMPType != (Range{8, 8}) || *r[0].ICMPCode != (Range{0, 3}) || *r[1].DSCP != (Range{46, 46}) ||
+		!r[2].HasFrag || r[2].FragOn != FragIs || r[2].FragOff != FragLast {
+		t.Fatalf("read as %+v", r)
+	}
+	if !r[0].NeedsL4() || r[1].NeedsL4() || !r[2].NeedsL4() {
+		t.Error("NeedsL4: ICMP and fragment bits (IPv6's are in the header chain) need the L4 walk, DSCP does not")
+	}
+	if !strings.Contains(r[2].MatchKey(), "fragment=is,!last") || !strings.Contains(r[0].MatchKey(), "icmp_type=8;icmp_code=0-3") {
+		t.Errorf("match keys %q, %q", r[0].MatchKey(), r[2].MatchKey())
+	}
+	for _, c := range []struct{ yaml, want string }{
+		{"{name: a, proto: tcp, icmp_type: 8, action: drop}", "p.yaml:2: icmp_type: rule \"a\" matches an ICMP type or code but its proto is not icmp"},
+		{"{name: a, dport: 80, icmp_code: 1, action: drop}", "p.yaml:2: icmp_type: rule \"a\" matches an ICMP type or code and ports"},
+		{"{name: a, icmp_type: 256, action: drop}", `p.yaml:2: icmp_type: "256": at most 255`},
+		{"{name: a, dscp: 64, action: drop}", `p.yaml:2: dscp: "64": at most 63`},
+		{"{name: a, fragment: middle, action: drop}", `p.yaml:2: fragment: "middle": unknown fragment bit "middle" (fragment bits: df,is,first,last`},
+		{"{name: a, fragment: 'is,!is', action: drop}", `a fragment bit cannot be both set and clear`},
+	} {
+		if _, err := Parse("p.yaml", []byte("rules:\n  - "+c.yaml+"\n")); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %v, want %q", c.yaml, err, c.want)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 const (
 	l4Ports = 4
 	l4Flags = 14
+	l4ICMP  = 2
 )
 
 // Class says how far a frame was understood.
@@ -50,8 +51,12 @@ type Packet struct {
 	Dport    uint16
 	TCPFlags uint8
 	L4       L4State
-	L4Len    int // TCP and UDP: 0, 4 (ports) or 14 (ports and flags) bytes read
+	L4Len    int // TCP and UDP: 0, 4 (ports) or 14 (ports and flags) bytes read; ICMP: 0 or 2
 	IsIPv6   bool
+	ICMPType uint8 // ICMP and ICMPv6, when L4Len is 2
+	ICMPCode uint8
+	DSCP     uint8 // IPv4's TOS, IPv6's traffic class, without ECN
+	Frag     uint8 // FragDF… ; IPv6: from the chain's fragment header
 }
 
 const (
@@ -66,6 +71,14 @@ const (
 	extAH       = 51
 	extDestOpts = 60
 )
+
+// icmpOf is the family's ICMP protocol.
+func icmpOf(ipv6 bool) int {
+	if ipv6 {
+		return protoICMPv6
+	}
+	return protoICMP
+}
 
 func isIPv6Ext(nh int) bool {
 	return nh == extHopByHop || nh == extRouting || nh == extFragment || nh == extDestOpts || nh == extAH
@@ -116,9 +129,15 @@ func parseIPv4(f []byte, off int, p Packet) (Packet, Class) {
 	}
 	p.Len = tot
 	p.Proto = int(ip[9])
+	p.DSCP = ip[1] >> 2
 	p.Src = netip.AddrFrom4([4]byte(ip[12:16]))
 	p.Dst = netip.AddrFrom4([4]byte(ip[16:20]))
-	if binary.BigEndian.Uint16(ip[6:])&0x1fff != 0 {
+	fo := binary.BigEndian.Uint16(ip[6:])
+	if fo&0x4000 != 0 {
+		p.Frag |= FragDF
+	}
+	p.Frag |= fragBits(fo&0x1fff != 0, fo&0x2000 != 0)
+	if fo&0x1fff != 0 {
 		p.L4 = L4None
 		return p, ClassIP
 	}
@@ -139,6 +158,7 @@ func parseIPv6(f []byte, off int, p Packet) (Packet, Class) {
 	}
 	p.IsIPv6 = true
 	p.Len = end - off
+	p.DSCP = (ip[0]<<4 | ip[1]>>4) >> 2
 	p.Src = netip.AddrFrom16([16]byte(ip[8:24]))
 	p.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
 	nh := int(ip[6])
@@ -163,13 +183,31 @@ func parseIPv6(f []byte, off int, p Packet) (Packet, Class) {
 		if off > end {
 			return cutChain(p), ClassIP
 		}
-		if cur == extFragment && binary.BigEndian.Uint16(h[2:])&0xfff8 != 0 {
-			p.Proto, p.L4 = nh, L4None
-			return p, ClassIP
+		if cur == extFragment {
+			fo := binary.BigEndian.Uint16(h[2:])
+			p.Frag = fragBits(fo&0xfff8 != 0, fo&1 != 0)
+			if fo&0xfff8 != 0 {
+				p.Proto, p.L4 = nh, L4None
+				return p, ClassIP
+			}
 		}
 	}
 	p.Proto = nh
 	return parseL4(f, off, end, p), ClassIP
+}
+
+// fragBits are the fragment bits of an offset (past the first fragment or
+// not) and a more-fragments flag.
+func fragBits(later, more bool) uint8 {
+	switch {
+	case later && more:
+		return FragIs
+	case later:
+		return FragIs | FragLast
+	case more:
+		return FragFirst
+	}
+	return 0
 }
 
 // cutChain marks a packet whose IPv6 header chain leaves the datagram.
@@ -182,10 +220,16 @@ func cutChain(p Packet) Packet {
 // as the datagram (ending at end) holds them.
 func parseL4(f []byte, off, end int, p Packet) Packet {
 	p.L4 = L4Header
+	avail := max(end-off, 0)
+	if p.Proto == icmpOf(p.IsIPv6) {
+		if avail >= l4ICMP {
+			p.ICMPType, p.ICMPCode, p.L4Len = f[off], f[off+1], l4ICMP
+		}
+		return p
+	}
 	if p.Proto != protoTCP && p.Proto != protoUDP {
 		return p
 	}
-	avail := max(end-off, 0)
 	switch {
 	case avail >= l4Flags:
 		p.TCPFlags = f[off+13]

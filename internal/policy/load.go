@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -289,7 +290,7 @@ var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip"
 var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
 
 func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
-	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "action", "rate", "burst", "per")
+	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "icmp_type", "icmp_code", "dscp", "fragment", "action", "rate", "burst", "per")
 	if err != nil {
 		return Rule{}, err
 	}
@@ -377,6 +378,31 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 			return r, p.errf(fn, "tcp_flags", "%v", err)
 		}
 		r.HasFlags = true
+	}
+	for _, rf := range []struct {
+		key string
+		out **Range
+		max uint16
+	}{{"icmp_type", &r.ICMPType, 255}, {"icmp_code", &r.ICMPCode, 255}, {"dscp", &r.DSCP, 63}} {
+		fn := f[rf.key]
+		if fn == nil {
+			continue
+		}
+		rg, err := parseRange(fn.Value)
+		if err == nil && rg.Hi > rf.max {
+			err = fmt.Errorf("%q: at most %d", fn.Value, rf.max)
+		}
+		if err != nil {
+			return r, p.errf(fn, rf.key, "%v", err)
+		}
+		*rf.out = &rg
+	}
+	if fn := f["fragment"]; fn != nil {
+		r.FragOn, r.FragOff, err = parseBits(fn.Value, fragNames, "fragment bit")
+		if err != nil {
+			return r, p.errf(fn, "fragment", "%v", err)
+		}
+		r.HasFrag = true
 	}
 	an := f["action"]
 	if an == nil {
@@ -555,6 +581,14 @@ func (p *parser) consistent(n *yaml.Node, r *Rule) error {
 	if r.HasFlags && r.Proto >= 0 && r.Proto != protoTCP {
 		return p.errf(n, "tcp_flags", "rule %q matches TCP flags but its proto is not tcp", r.Name)
 	}
+	if r.ICMPType != nil || r.ICMPCode != nil {
+		switch {
+		case r.Proto >= 0 && r.Proto != protoICMP && r.Proto != protoICMPv6:
+			return p.errf(n, "icmp_type", "rule %q matches an ICMP type or code but its proto is not icmp or icmpv6", r.Name)
+		case hasPorts || r.HasFlags:
+			return p.errf(n, "icmp_type", "rule %q matches an ICMP type or code and ports or TCP flags: no packet has both", r.Name)
+		}
+	}
 	if r.Proto == protoICMP && r.Family == 6 || r.Proto == protoICMPv6 && r.Family == 4 {
 		return p.errf(n, "proto", "rule %q: icmp is IPv4's and icmpv6 is IPv6's", r.Name)
 	}
@@ -611,19 +645,16 @@ func parseRange(s string) (Range, error) {
 	return Range{uint16(a), uint16(b)}, nil
 }
 
-func parseTCPFlags(s string) (on, off uint8, err error) {
+func parseTCPFlags(s string) (on, off uint8, err error) { return parseBits(s, tcpFlagNames, "flag") }
+
+func parseBits(s string, names []string, what string) (on, off uint8, err error) {
 	for _, part := range strings.Split(s, ",") {
 		part = strings.ToLower(strings.TrimSpace(part))
 		neg := strings.HasPrefix(part, "!")
 		name := strings.TrimPrefix(part, "!")
-		bit := -1
-		for i, n := range tcpFlagNames {
-			if n == name {
-				bit = i
-			}
-		}
+		bit := slices.Index(names, name)
 		if bit < 0 {
-			return 0, 0, fmt.Errorf("%q: unknown flag %q (flags: %s; prefix ! for must-be-clear)", s, name, strings.Join(tcpFlagNames, ","))
+			return 0, 0, fmt.Errorf("%q: unknown %s %q (%ss: %s; prefix ! for must-be-clear)", s, what, name, what, strings.Join(names, ","))
 		}
 		if neg {
 			off |= 1 << bit
@@ -632,7 +663,7 @@ func parseTCPFlags(s string) (on, off uint8, err error) {
 		}
 	}
 	if on&off != 0 {
-		return 0, 0, fmt.Errorf("%q: a flag cannot be both set and clear", s)
+		return 0, 0, fmt.Errorf("%q: a %s cannot be both set and clear", s, what)
 	}
 	return on, off, nil
 }

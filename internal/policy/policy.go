@@ -82,6 +82,17 @@ const (
 
 var tcpFlagNames = []string{"fin", "syn", "rst", "psh", "ack", "urg", "ece", "cwr"}
 
+// Fragment bits, as BGP FlowSpec names them (RFC 8955 §4.2.2.12): IPv4's
+// don't-fragment, a fragment other than the first, the first, the last.
+const (
+	FragDF = 1 << iota
+	FragIs
+	FragFirst
+	FragLast
+)
+
+var fragNames = []string{"df", "is", "first", "last"}
+
 // Rule is one ordered rule. Zero-valued fields do not take part in the match.
 type Rule struct {
 	Name     string
@@ -96,6 +107,12 @@ type Rule struct {
 	FlagsOn  uint8 // TCP flags that must be set
 	FlagsOff uint8 // TCP flags that must be clear
 	HasFlags bool
+	ICMPType *Range // ICMP or ICMPv6 type, 0-255
+	ICMPCode *Range
+	DSCP     *Range // 0-63
+	FragOn   uint8  // fragment bits (FragDF…) that must be set
+	FragOff  uint8  // and clear
+	HasFrag  bool
 	Action   Action
 	Limit    *RateLimit // for action limit
 }
@@ -118,6 +135,17 @@ func (r *Rule) MatchKey() string {
 	}
 	if r.HasFlags {
 		fmt.Fprintf(&b, ";flags=%s", FormatTCPFlags(r.FlagsOn, r.FlagsOff))
+	}
+	for _, f := range []struct {
+		k string
+		r *Range
+	}{{"icmp_type", r.ICMPType}, {"icmp_code", r.ICMPCode}, {"dscp", r.DSCP}} {
+		if f.r != nil {
+			fmt.Fprintf(&b, ";%s=%s", f.k, f.r)
+		}
+	}
+	if r.HasFrag {
+		fmt.Fprintf(&b, ";fragment=%s", FormatFragment(r.FragOn, r.FragOff))
 	}
 	fmt.Fprintf(&b, ";action=%s", r.Action)
 	if r.Limit != nil {
@@ -148,10 +176,15 @@ func InRanges(rs []Range, v uint16) bool {
 	return false
 }
 
+// FormatFragment renders fragment bits in the policy syntax, e.g. "is,!last".
+func FormatFragment(on, off uint8) string { return formatBits(fragNames, on, off) }
+
 // FormatTCPFlags renders flags in the policy syntax, e.g. "syn,!ack".
-func FormatTCPFlags(on, off uint8) string {
+func FormatTCPFlags(on, off uint8) string { return formatBits(tcpFlagNames, on, off) }
+
+func formatBits(names []string, on, off uint8) string {
 	var parts []string
-	for i, n := range tcpFlagNames {
+	for i, n := range names {
 		if on&(1<<i) != 0 {
 			parts = append(parts, n)
 		}

@@ -230,6 +230,16 @@ func frameFor(rng *rand.Rand, r *Route) []byte {
 	f.Sport = uint16(value(r.Get(TypeSport), value(r.Get(TypePort), pick(rng, testPorts))))
 	f.Dport = uint16(value(r.Get(TypeDport), value(r.Get(TypePort), pick(rng, testPorts))))
 	f.TCPFlags = uint8(value(r.Get(TypeTCPFlags), uint64(rng.IntN(256))))
+	f.ICMPType = uint8(value(r.Get(TypeICMPType), pick(rng, testICMP)))
+	f.ICMPCode = uint8(value(r.Get(TypeICMPCode), uint64(rng.IntN(4))))
+	f.TOS = uint8(value(r.Get(TypeDSCP), 0)&63) << 2
+	f.DF = rng.IntN(2) == 0
+	if frag := value(r.Get(TypeFragment), 0); frag&(FragIsF|FragFF) != 0 {
+		f.Fragment, f.MoreFrags = true, frag&FragLF == 0
+		if frag&FragIsF != 0 {
+			f.FragOff = 1
+		}
+	}
 	f.Payload = max(0, int(value(r.Get(TypeLength), pick(rng, testLengths)))-48)
 	return f.Bytes()
 }

@@ -160,6 +160,7 @@ var (
 	testPorts     = []uint64{0, 22, 53, 80, 443, 1024, 8080, 65535}
 	testLengths   = []uint64{40, 60, 100, 576, 1500}
 	testFlags     = []uint64{0x02, 0x10, 0x12, 0x04, 0x01, 0x3f}
+	testICMP      = []uint64{0, 3, 8, 128, 135}
 )
 
 // RandomRoute makes a route of the components rampart installs.
@@ -169,8 +170,8 @@ func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 	if ipv6 {
 		pfx = testPrefixes6
 	}
-	for typ := TypeDst; typ <= TypeLength; typ++ {
-		if typ == TypeICMPType || typ == TypeICMPCode || rng.IntN(3) != 0 {
+	for typ := TypeDst; typ <= TypeFragment; typ++ {
+		if rng.IntN(3) != 0 {
 			continue
 		}
 		c := Component{Type: typ}
@@ -185,6 +186,14 @@ func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 			c.Ops = randomOps(rng, true, testFlags)
 		case TypeLength:
 			c.Ops = randomOps(rng, false, testLengths)
+		case TypeICMPType:
+			c.Ops = randomOps(rng, false, testICMP)
+		case TypeICMPCode:
+			c.Ops = randomOps(rng, false, []uint64{0, 1, 3})
+		case TypeDSCP:
+			c.Ops = randomOps(rng, false, []uint64{0, 10, 46})
+		case TypeFragment:
+			c.Ops = randomOps(rng, true, []uint64{FragDF, FragIsF, FragFF, FragLF, FragIsF | FragLF, FragDF | FragFF})
 		}
 		r.Components = append(r.Components, c)
 	}
@@ -215,8 +224,12 @@ func randomFrame(rng *rand.Rand, ipv6 bool) []byte {
 	f.Sport, f.Dport = uint16(pick(rng, testPorts)+uint64(rng.IntN(2))), uint16(pick(rng, testPorts))
 	f.TCPFlags = uint8(rng.IntN(256))
 	f.Payload = int(pick(rng, testLengths)) - 20 + rng.IntN(3)
-	if rng.IntN(10) == 0 {
+	f.ICMPType, f.ICMPCode = uint8(pick(rng, testICMP)+uint64(rng.IntN(2))), uint8(rng.IntN(4))
+	f.TOS = uint8(pick(rng, []uint64{0, 10, 46})+uint64(rng.IntN(2))) << 2
+	f.DF = rng.IntN(2) == 0
+	if rng.IntN(5) == 0 {
 		f.FragOff, f.MoreFrags = uint16(rng.IntN(3)), rng.IntN(2) == 0
+		f.Fragment = true
 	}
 	return f.Bytes()
 }

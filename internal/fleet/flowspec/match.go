@@ -134,9 +134,35 @@ func (c *Component) matches(p *policy.Packet) Result {
 		// 0; the packet model carries byte 13 only, so the reserved bits
 		// read as 0 (the Rules refuse values that test them).
 		return result(evalOps(c.Ops, true, uint64(p.TCPFlags)))
+	case TypeDSCP:
+		return result(evalOps(c.Ops, false, uint64(p.DSCP)))
+	case TypeFragment:
+		// IPv6's bits are in the header chain's fragment header.
+		if p.IsIPv6 && p.L4 == policy.L4Unknown {
+			return Unknown
+		}
+		return result(evalOps(c.Ops, true, uint64(p.Frag)))
+	case TypeICMPType, TypeICMPCode:
+		// "never matches when the packet's upper-layer IP protocol value
+		// is not 58" (RFC 8956 §3.5; 1 for IPv4, RFC 8955 §4.2.2.7).
+		icmp := 1
+		if p.IsIPv6 {
+			icmp = 58
+		}
+		switch {
+		case p.L4 == policy.L4Unknown:
+			return Unknown
+		case p.L4 == policy.L4None || p.Proto != icmp:
+			return NoMatch
+		case p.L4Len < 2:
+			return Unknown
+		case c.Type == TypeICMPType:
+			return result(evalOps(c.Ops, false, uint64(p.ICMPType)))
+		}
+		return result(evalOps(c.Ops, false, uint64(p.ICMPCode)))
 	}
-	// ICMP type and code, DSCP, fragment and flow label: the packet model
-	// does not carry them, and Rules refuses routes that use them.
+	// The flow label: the packet model does not carry it, and Rules
+	// refuses routes that use it.
 	return Unknown
 }
 

@@ -142,7 +142,7 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 				}
 			}
 		case TypeTCPFlags:
-			terms, terr := flagTerms(c.Ops)
+			terms, terr := bitTerms(c.Ops, 0xff, "tcp-flags")
 			if terr != nil {
 				return nil, terr
 			}
@@ -152,11 +152,33 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 					*out = append(*out, v)
 				}
 			})
-		case TypeLength:
-			vals := ranges(c.Ops, 65535)
+		case TypeLength, TypeICMPType, TypeICMPCode, TypeDSCP:
+			// One range per rule: a variant for each.
+			maxV := map[int]uint64{TypeLength: 65535, TypeICMPType: 255, TypeICMPCode: 255, TypeDSCP: 63}[c.Type]
+			vals := ranges(c.Ops, maxV)
 			variants, err = multiply(variants, len(vals), func(v policy.Rule, out *[]policy.Rule) {
 				for _, rg := range vals {
-					v.Length = &rg
+					switch c.Type {
+					case TypeLength:
+						v.Length = &rg
+					case TypeICMPType:
+						v.ICMPType = &rg
+					case TypeICMPCode:
+						v.ICMPCode = &rg
+					default:
+						v.DSCP = &rg
+					}
+					*out = append(*out, v)
+				}
+			})
+		case TypeFragment:
+			terms, terr := bitTerms(c.Ops, 0x0f, "fragment")
+			if terr != nil {
+				return nil, terr
+			}
+			variants, err = multiply(variants, len(terms), func(v policy.Rule, out *[]policy.Rule) {
+				for _, t := range terms {
+					v.FragOn, v.FragOff, v.HasFrag = t[0], t[1], true
 					*out = append(*out, v)
 				}
 			})
@@ -174,6 +196,13 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 	}
 	if r.Get(TypeTCPFlags) != nil {
 		protos = intersect(protos, []policy.Range{{Lo: 6, Hi: 6}})
+	}
+	if r.Get(TypeICMPType) != nil || r.Get(TypeICMPCode) != nil {
+		icmp := uint16(1)
+		if r.IPv6 {
+			icmp = 58
+		}
+		protos = intersect(protos, []policy.Range{{Lo: icmp, Hi: icmp}})
 	}
 	if !slices.Equal(protos, []policy.Range{{Lo: 0, Hi: 255}}) {
 		var err error
@@ -310,14 +339,15 @@ func normalize(rs []policy.Range) []policy.Range {
 	return out
 }
 
-// flagTerms writes a TCP flags operator list as an OR of (set, clear)
-// pairs, the rule model's flags match. A 2-byte value's first byte
-// (reserved bits and NS) is beyond it.
-func flagTerms(ops []Op) ([][2]uint8, error) {
+// bitTerms writes a bitmask operator list (TCP flags, fragment bits) as
+// an OR of (set, clear) pairs, the rule model's match of such bits. Bits
+// past mask are beyond it: a 2-byte TCP flags value's first byte (reserved
+// bits and NS), fragment bits RFC 8955 does not define.
+func bitTerms(ops []Op, mask uint64, what string) ([][2]uint8, error) {
 	var union, run [][2]uint8
 	for i, o := range ops {
-		if o.Value > 0xff {
-			return nil, unsupported("tcp-flags", "TCP flags %#x test the reserved bits or NS, which rampart's data plane does not read", o.Value)
+		if o.Value&^mask != 0 {
+			return nil, unsupported(what, "%s %#x test bits rampart's data plane does not read", what, o.Value)
 		}
 		t := flagTerm(o)
 		if i == 0 || !o.And {
@@ -336,7 +366,7 @@ func flagTerms(ops []Op) ([][2]uint8, error) {
 		}
 		run = next
 		if len(run) > MaxRulesPerRoute {
-			return nil, unsupported("too-complex", "the TCP flags are an OR of more than %d combinations", MaxRulesPerRoute)
+			return nil, unsupported("too-complex", "the %s are an OR of more than %d combinations", what, MaxRulesPerRoute)
 		}
 	}
 	union = append(union, run...)
