@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -112,21 +113,60 @@ func Load(img *compile.Image) (*Objects, error) {
 	} {
 		size.spec.MaxEntries = uint32(max(1, size.n))
 	}
-	// The SYN cookie check is loaded only for a policy that answers SYNs:
-	// each program costs the verifier a third of a load.
-	var objs filterObjects
-	if img.Syncookie {
-		err = spec.LoadAndAssign(&objs, nil)
-	} else {
-		var core filterCore
-		err = spec.LoadAndAssign(&core, nil)
-		objs.filterMaps, objs.RampartXdp, objs.RampartTc = core.filterMaps, core.RampartXdp, core.RampartTc
-	}
+	o, err := loadParallel(spec, img.Syncookie)
 	if err != nil {
 		return nil, loadError(err)
 	}
-	o := &Objects{objs.filterPrograms, objs.filterMaps}
 	if err := o.fill(img); err != nil {
+		o.Close()
+		return nil, err
+	}
+	return o, nil
+}
+
+// loadParallel creates the maps, then loads the programs over them each on
+// a goroutine of its own: the verifier checks a program on the loading
+// thread, and the programs' checks are most of an apply's time (0.11 s
+// each here, against 0.02 s for every map). The SYN cookie check is loaded
+// only for a policy that answers SYNs.
+func loadParallel(spec *ebpf.CollectionSpec, syncookie bool) (*Objects, error) {
+	coll, err := ebpf.NewCollection(&ebpf.CollectionSpec{Maps: spec.Maps, Variables: spec.Variables, Types: spec.Types, ByteOrder: spec.ByteOrder})
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close() // what Assign does not take: the data sections, which the programs hold
+	o := &Objects{}
+	progs := []struct {
+		name string
+		to   **ebpf.Program
+	}{{filterProgRampartXdp, &o.RampartXdp}, {filterProgRampartTc, &o.RampartTc}}
+	if syncookie {
+		progs = append(progs, struct {
+			name string
+			to   **ebpf.Program
+		}{filterProgRampartTcCookie, &o.RampartTcCookie})
+	}
+	errs := make([]error, len(progs))
+	var wg sync.WaitGroup
+	for i, p := range progs {
+		wg.Go(func() {
+			one := spec.Copy()
+			for name := range one.Programs {
+				if name != p.name {
+					delete(one.Programs, name)
+				}
+			}
+			c, err := ebpf.NewCollectionWithOptions(one, ebpf.CollectionOptions{MapReplacements: coll.Maps})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			*p.to = c.DetachProgram(p.name)
+			c.Close()
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(append(errs, coll.Assign(&o.filterMaps))...); err != nil {
 		o.Close()
 		return nil, err
 	}
