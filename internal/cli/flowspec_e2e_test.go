@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/serve"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -452,10 +453,10 @@ func (p *rawPeer) announce(as uint32, nlri []byte) {
 	p.send(bgpMessage(2, body))
 }
 
-// TestFlowSpecMalformed: NLRI that GoBGP passes on but that cannot be
-// read (an unknown component type, a value cut short) are counted and
-// ignored; the session stays up and the neighbor's next route is
-// enforced.
+// TestFlowSpecMalformed: a service whose speaker cannot listen does not
+// start; NLRI that GoBGP passes on but that cannot be read (an unknown
+// component type, a value cut short) are counted and ignored; the session
+// stays up and the neighbor's next route is enforced.
 func TestFlowSpecMalformed(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
@@ -468,6 +469,17 @@ default: pass
 `, p.A4))
 	port := freePort(t)
 	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	// A speaker whose address is in use at the service's start: the
+	// service refuses to start and nothing changes on the host.
+	var busy net.Listener
+	if err := netns.Run(p.NsB, func() (err error) { busy, err = net.Listen("tcp", "[::]:179"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if log := serveRefused(t, args...); !strings.Contains(log, "flowspec: start the BGP speaker on [::]:179") {
+		t.Errorf("the refusal does not say why:\n%s", log)
+	}
+	noHooks(t, p.NsB, "a speaker that cannot listen")
+	busy.Close()
 	_, _, log := startServe(t, args...)
 	t.Cleanup(func() {
 		if t.Failed() {

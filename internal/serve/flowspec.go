@@ -45,8 +45,11 @@ func newFSFeed() *fsFeed {
 }
 
 // flowspecRules starts, restarts or stops the speaker for pol's section,
-// and places the table's routes among pol's rules; under d.mu.
-func (d *Daemon) flowspecRules(pol *policy.Policy) {
+// and places the table's routes among pol's rules; under d.mu. A speaker
+// that cannot start (its address in use) is an error at the service's
+// start, which then changes nothing on the host; later, the policy applies
+// with the routes held and the speaker is tried again at the next reload.
+func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 	f := d.fs
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -65,14 +68,18 @@ func (d *Daemon) flowspecRules(pol *policy.Policy) {
 	f.cfg = c
 	if c == nil {
 		f.next = nil
-		return
+		return nil
 	}
 	if f.speaker == nil {
 		sp, err := flowspec.Start(c, d.fw.Netns(), d.log, d.flowspecEvents)
-		if err != nil {
-			d.log.Error("flowspec: the speaker did not start; the policy applies without routes", "err", err)
-			f.cfg = nil // try again at the next reload
-		} else {
+		switch {
+		case err != nil && start:
+			f.cfg = nil
+			return err
+		case err != nil:
+			d.log.Error("flowspec: the speaker did not start; the policy applies with the routes held, and the speaker is tried again at the next reload", "err", err)
+			f.cfg = nil
+		default:
 			f.speaker = sp
 			d.log.Info("flowspec: speaker listening", "listen", c.Listen.String(), "neighbors", len(c.Neighbors))
 		}
@@ -80,6 +87,7 @@ func (d *Daemon) flowspecRules(pol *policy.Policy) {
 	entries := f.table.Entries()
 	flowspec.Place(pol, entries)
 	f.next = entries
+	return nil
 }
 
 // flowspecApplied records the routes of the policy just applied as the

@@ -211,7 +211,9 @@ func (d *Daemon) reloadLocked(why string) error {
 	var res *engine.ApplyResult
 	if err == nil {
 		d.crowdsecList(pol)
-		d.flowspecRules(pol)
+		err = d.flowspecRules(pol, why == "start")
+	}
+	if err == nil {
 		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
 	}
 	d.lastReload, d.lastOK = time.Now(), err == nil
