@@ -73,13 +73,12 @@ enum match_result {
 	MATCH_UNKNOWN = 2, /* every field read matches; one the frame lacks decides */
 };
 
-/* The fields the classifier's trees leave to the leaf: DSCP, fragment
- * bits, ICMP type and code (what BGP FlowSpec routes match besides). */
+/* The fields the classifier's trees leave to the leaf besides DSCP (in
+ * rule_matches): fragment bits, ICMP type and code (what BGP FlowSpec
+ * routes match besides). */
 static __always_inline int rule_matches_more(const struct rule *r, const struct pkt *p)
 {
 	__u32 f = r->match;
-	if ((f & MATCH_DSCP) && (p->dscp < r->dscp_lo || p->dscp > r->dscp_hi))
-		return NO_MATCH;
 	if (f & MATCH_FRAGMENT) {
 		/* IPv6's bits come from the chain's fragment header. */
 		if (p->family == 6 && p->l4 == L4_UNKNOWN)
@@ -119,13 +118,16 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 		return NO_MATCH;
 	if ((f & MATCH_LENGTH) && (p->len < r->len_lo || p->len > r->len_hi))
 		return NO_MATCH;
+	/* DSCP is the IP header's: known whatever follows. */
+	if ((f & MATCH_DSCP) && (p->dscp < r->dscp_lo || p->dscp > r->dscp_hi))
+		return NO_MATCH;
 	if (f & MATCH_PROTO) {
 		if (p->l4 == L4_UNKNOWN)
 			return MATCH_UNKNOWN;
 		if (p->proto != r->proto)
 			return NO_MATCH;
 	}
-	if (f & (MATCH_DSCP | MATCH_FRAGMENT | MATCH_ICMP_TYPE | MATCH_ICMP_CODE)) {
+	if (f & (MATCH_FRAGMENT | MATCH_ICMP_TYPE | MATCH_ICMP_CODE)) {
 		int res = rule_matches_more(r, p);
 		if (res != MATCH)
 			return res;

@@ -43,13 +43,6 @@ type Objects struct {
 	filterMaps
 }
 
-// filterCore is the filter without its SYN cookie check.
-type filterCore struct {
-	filterMaps
-	RampartXdp *ebpf.Program `ebpf:"rampart_xdp"`
-	RampartTc  *ebpf.Program `ebpf:"rampart_tc"`
-}
-
 // Program returns the program of the given kind.
 func (o *Objects) Program(k Kind) *ebpf.Program {
 	if k == KindTC {
@@ -166,7 +159,8 @@ func loadParallel(spec *ebpf.CollectionSpec, syncookie bool) (*Objects, error) {
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(append(errs, coll.Assign(&o.filterMaps))...); err != nil {
+	errs = append(errs, coll.Assign(&o.filterMaps))
+	if err := errors.Join(errs...); err != nil {
 		o.Close()
 		return nil, err
 	}

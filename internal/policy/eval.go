@@ -100,6 +100,10 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 	if r.Length != nil && (p.Len < int(r.Length.Lo) || p.Len > int(r.Length.Hi)) {
 		return noMatch
 	}
+	// DSCP is the IP header's: known whatever follows.
+	if r.DSCP != nil && (p.DSCP < uint8(r.DSCP.Lo) || p.DSCP > uint8(r.DSCP.Hi)) {
+		return noMatch
+	}
 	if r.Proto >= 0 {
 		if p.L4 == L4Unknown {
 			return matchUnknown
@@ -109,9 +113,6 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 		}
 	}
 	// In the data plane's order (rule_matches_more).
-	if r.DSCP != nil && (p.DSCP < uint8(r.DSCP.Lo) || p.DSCP > uint8(r.DSCP.Hi)) {
-		return noMatch
-	}
 	if r.HasFrag {
 		if p.IsIPv6 && p.L4 == L4Unknown {
 			return matchUnknown

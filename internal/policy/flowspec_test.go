@@ -77,6 +77,9 @@ func TestLeafFields(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(pol.Warnings) != 0 {
+		t.Errorf("warnings %v: no rule here matches every frame", pol.Warnings)
+	}
 	r := pol.Rules
 	if *r[0].ICMPType != (Range{8, 8}) || *r[0].ICMPCode != (Range{0, 3}) || *r[1].DSCP != (Range{46, 46}) ||
 		!r[2].HasFrag || r[2].FragOn != FragIs || r[2].FragOff != FragLast {

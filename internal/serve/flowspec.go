@@ -22,8 +22,8 @@ type fsFeed struct {
 	cfg     *policy.FlowSpec // as last applied; nil: the policy has none
 	speaker *flowspec.Speaker
 	table   *flowspec.Table
-	placed  []*flowspec.Entry // as the policy applied last placed them
-	next    []*flowspec.Entry // as the policy being applied places them
+	placed  []flowspec.Entry // as the policy applied last placed them
+	next    []flowspec.Entry // as the policy being applied places them: copies, which later changes leave alone
 	// What is owed an apply: the arrival of each change not yet enforced.
 	pending []time.Time
 	wake    chan struct{}
@@ -86,7 +86,10 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 	}
 	entries := f.table.Entries()
 	flowspec.Place(pol, entries)
-	f.next = entries
+	f.next = make([]flowspec.Entry, len(entries))
+	for i, e := range entries {
+		f.next[i] = *e
+	}
 	return nil
 }
 
@@ -170,6 +173,7 @@ func (d *Daemon) followFlowSpec(ctx context.Context) {
 	f := d.fs
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var retry time.Duration // after a failed apply
 	for {
 		select {
 		case <-ctx.Done():
@@ -203,11 +207,21 @@ func (d *Daemon) followFlowSpec(ctx context.Context) {
 			continue
 		}
 		if err := d.reload("flowspec"); err != nil {
+			// Again after a while (the files may be fixed), and at the
+			// next change.
 			f.mu.Lock()
-			f.pending = append(changes, f.pending...) // again at the next change, or when the files are fixed
+			f.pending = append(changes, f.pending...)
 			f.mu.Unlock()
+			retry = min(max(2*retry, time.Second), 30*time.Second)
+			time.AfterFunc(retry, func() {
+				select {
+				case f.wake <- struct{}{}:
+				default:
+				}
+			})
 			continue
 		}
+		retry = 0
 		done := time.Now()
 		for _, t := range changes {
 			f.applied.Observe(done.Sub(t).Seconds())

@@ -125,6 +125,7 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 		return fmt.Errorf("follow interfaces over netlink: %w", err)
 	}
 
+	defer d.stopFlowSpec() // whatever ends the service ends its BGP sessions
 	if err := d.reload("start"); err != nil {
 		return err // nothing runs yet: a bad policy at start is fatal
 	}

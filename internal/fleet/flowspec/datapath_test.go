@@ -112,7 +112,7 @@ func TestDataPlaneAgreesWithRFC(t *testing.T) {
 			a.Continue = true
 		}
 		if a.Kind == RatePackets && a.Continue {
-			a.Continue = false // unsupported: refused, checked in TestPlace
+			a.Continue = false // unsupported: refused (Rules)
 		}
 		table.Announce(nb, r, Encode(r), a, nRoutes, time.Now())
 	}

@@ -4,10 +4,12 @@
 // written as rules of rampart's policy model, and a reference matcher
 // written straight from the RFC text that the rules are tested against.
 //
-// The NLRI is decoded here, from the bytes GoBGP hands on, rather than
-// read from GoBGP's decoded structures: the ordering compares components
-// as the bytes they were sent as, and a decoder of our own is one that a
-// fuzzer can hold to its encoder.
+// The NLRI is decoded here, from the bytes GoBGP serializes again
+// (components in the order GoBGP sorted them into; what it could not
+// decode kept as it came), rather than read from GoBGP's structures: the
+// ordering compares components as bytes, GoBGP passes on components it
+// cannot decode as "unknown" ones, which rampart must refuse, and a decoder
+// of our own is one that a fuzzer (FuzzDecode) holds to its encoder.
 package flowspec
 
 import (

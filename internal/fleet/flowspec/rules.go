@@ -239,6 +239,11 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 		}
 		out = append(out, v)
 	}
+	if base.Action == policy.Limit && len(out) > 1 {
+		// Each rule keeps a bucket of its own: the route's rate would be
+		// granted once per rule.
+		return nil, unsupported("rate-split", "a rate over a match of %d rules (an OR of protocols, ports either side, ranges or flag terms): each would have the whole rate", len(out))
+	}
 	for k := range out {
 		if k > 0 {
 			out[k].Name = name + "/" + strconv.Itoa(k+1)

@@ -99,6 +99,13 @@ func Start(cfg *policy.FlowSpec, ns string, log *slog.Logger, events func([]Even
 	if err != nil {
 		return nil, fmt.Errorf("flowspec: start the BGP speaker on %s: %w", cfg.Listen, err)
 	}
+	// rampart takes routes and gives none: without a policy GoBGP would
+	// pass one neighbor's routes on to the others.
+	err = s.SetPolicyAssignment(ctx, &api.SetPolicyAssignmentRequest{Assignment: &api.PolicyAssignment{Name: "global",
+		Direction: api.PolicyDirection_POLICY_DIRECTION_EXPORT, DefaultAction: api.RouteAction_ROUTE_ACTION_REJECT}})
+	if err != nil {
+		return nil, fmt.Errorf("flowspec: set the speaker's export policy: %w", err)
+	}
 	// Routes and sessions in one watch: one goroutine delivers both, in
 	// the order they happened.
 	err = s.WatchEvent(ctx, server.WatchEventMessageCallbacks{
@@ -208,11 +215,14 @@ func actionOf(attrs []bgp.PathAttributeInterface) Action {
 		}
 	}
 	for _, attr := range attrs {
-		ec, ok := attr.(*bgp.PathAttributeExtendedCommunities)
-		if !ok {
-			continue
+		var comms []bgp.ExtendedCommunityInterface
+		switch ec := attr.(type) {
+		case *bgp.PathAttributeExtendedCommunities:
+			comms = ec.Value
+		case *bgp.PathAttributeIP6ExtendedCommunities: // rt-redirect-ipv6 (RFC 8956 §6)
+			comms = ec.Value
 		}
-		for _, c := range ec.Value {
+		for _, c := range comms {
 			switch c := c.(type) {
 			case *bgp.TrafficRateExtended:
 				rate(RateBytes, c.Rate)

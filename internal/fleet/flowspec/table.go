@@ -3,6 +3,7 @@ package flowspec
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -164,11 +165,12 @@ func Place(pol *policy.Policy, entries []*Entry) {
 	seen := map[string]bool{}
 	for _, e := range entries {
 		e.Rules, e.Reason = nil, ""
-		if seen[e.Name] {
+		key := fmt.Sprint(e.Route.IPv6, string(e.NLRI))
+		if seen[key] {
 			e.State = StateShadowed
 			continue
 		}
-		seen[e.Name] = true
+		seen[key] = true
 		added := map[string]*policy.List{}
 		rs, err := Rules(&e.Route, e.Action, e.Name, added)
 		if err != nil {

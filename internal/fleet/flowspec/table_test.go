@@ -1,0 +1,130 @@
+package flowspec
+
+import (
+	"encoding/hex"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+func routeTo(t *testing.T, dst string, port uint64) (Route, []byte) {
+	t.Helper()
+	r := Route{Components: []Component{{Type: TypeDst, Prefix: netip.MustParsePrefix(dst)},
+		{Type: TypeProto, Ops: []Op{{Bits: opEq, Value: 17, Len: 1}}}, {Type: TypeDport, Ops: []Op{{Bits: opEq, Value: port, Len: 2}}}}}
+	b := Encode(r)
+	r, _, err := Decode(b, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r, b
+}
+
+// The table: max_routes refuses new routes (not updates of held ones), a
+// lost session keeps its routes until the hold time, a route sent again
+// is no longer stale, and Place marks what does not fit or repeats.
+func TestTable(t *testing.T) {
+	tb := NewTable()
+	a, b := netip.MustParseAddr("192.0.2.2"), netip.MustParseAddr("192.0.2.3")
+	now := time.Now()
+	r1, n1 := routeTo(t, "10.0.0.1/32", 53)
+	r2, n2 := routeTo(t, "10.0.0.2/32", 53)
+	r3, n3 := routeTo(t, "10.0.0.3/32", 53)
+	if !tb.Announce(a, r1, n1, Action{Kind: Drop}, 2, now) || !tb.Announce(a, r2, n2, Action{Kind: Drop}, 2, now) {
+		t.Fatal("routes under the cap refused")
+	}
+	if tb.Announce(a, r3, n3, Action{Kind: Drop}, 2, now) || tb.Refused["max-routes"] != 1 {
+		t.Fatalf("a third route past max_routes 2 taken (refused %v)", tb.Refused)
+	}
+	if !tb.Announce(a, r1, n1, Action{Kind: RatePackets, Rate: 10}, 2, now) {
+		t.Fatal("an update of a held route refused at the cap")
+	}
+	tb.Announce(b, r1, n1, Action{Kind: Drop}, 2, now) // the same NLRI from another neighbor
+	tb.SessionLost(a, 5*time.Second, now)
+	if n := tb.Expire(now.Add(4 * time.Second)); n != 0 {
+		t.Fatalf("%d routes expired before the hold time", n)
+	}
+	tb.Announce(a, r2, n2, Action{Kind: Drop}, 2, now.Add(4*time.Second)) // sent again: no longer stale
+	if n := tb.Expire(now.Add(5 * time.Second)); n != 1 || tb.Len(a) != 1 {
+		t.Fatalf("expired %d, %d left; want the one not sent again gone", n, tb.Len(a))
+	}
+	if !tb.Withdraw(a, n2) || tb.Withdraw(a, n2) {
+		t.Fatal("withdraw")
+	}
+	tb.Announce(a, r1, n1, Action{Kind: Drop}, 2, now)
+	pol := &policy.Policy{Lists: map[string]*policy.List{}, FlowSpec: &policy.FlowSpec{Position: "auto"}}
+	es := tb.Entries()
+	Place(pol, es)
+	if len(es) != 2 || es[0].State != StateInstalled || es[1].State != StateShadowed || len(pol.Rules) != 1 {
+		t.Fatalf("placed %+v, rules %+v", es, pol.Rules)
+	}
+	// Past the policy's lists: 64 prefixes of its own, then routes with
+	// new ones have no room.
+	pol = &policy.Policy{Lists: map[string]*policy.List{}, FlowSpec: &policy.FlowSpec{Position: "auto"}}
+	for i := range policy.MaxLists {
+		p := netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})
+		pol.Lists[p.String()] = policy.NewList(p.String(), []netip.Prefix{netip.PrefixFrom(p, 32)})
+		pol.Rules = append(pol.Rules, policy.Rule{Name: "r" + p.String(), Src: []string{p.String()}, Proto: -1, Action: policy.Drop})
+	}
+	Place(pol, es)
+	if es[0].State != StateNoRoom {
+		t.Fatalf("a route past the policy's lists: %s", es[0].State)
+	}
+}
+
+func TestActionOf(t *testing.T) {
+	ec := func(cs ...bgp.ExtendedCommunityInterface) []bgp.PathAttributeInterface {
+		return []bgp.PathAttributeInterface{bgp.NewPathAttributeExtendedCommunities(cs)}
+	}
+	packets := func(rate uint32) bgp.ExtendedCommunityInterface {
+		v := []byte{0x0c, 0, 0, byte(rate >> 24), byte(rate >> 16), byte(rate >> 8), byte(rate)}
+		return &bgp.UnknownExtended{Type: 0x80, Value: v}
+	}
+	for _, c := range []struct {
+		attrs []bgp.PathAttributeInterface
+		want  string
+	}{
+		{nil, "accept"},
+		{ec(bgp.NewTrafficRateExtended(0, 0)), "drop"},
+		{ec(bgp.NewTrafficRateExtended(0, -5)), "drop"},
+		{ec(bgp.NewTrafficRateExtended(0, 1000), bgp.NewTrafficRateExtended(0, 500)), "rate-bytes 500B/s"},
+		{ec(bgp.NewTrafficRateExtended(0, 1000), packets(0x447a0000)), "rate-packets 1000/s"}, // 1000.0
+		{ec(bgp.NewTrafficRateExtended(0, 1000), bgp.NewTrafficRateExtended(0, 0)), "drop"},
+		{ec(bgp.NewTrafficActionExtended(true, false)), "accept continue"},
+	} {
+		if got := actionOf(c.attrs).String(); got != c.want {
+			t.Errorf("%v: %q, want %q", c.attrs, got, c.want)
+		}
+	}
+	a := actionOf(ec(bgp.NewRedirectTwoOctetAsSpecificExtended(65000, 1), bgp.NewTrafficRemarkExtended(10)))
+	if a.Kind != Accept || len(a.NotApplicable) != 2 {
+		t.Errorf("redirect and remark: %+v", a)
+	}
+}
+
+// FuzzDecode: whatever the bytes, Decode does not panic, what it reads
+// encodes into bytes that read the same (padding, a first AND bit and a
+// long length form are not kept), and Rules and Compare take it.
+func FuzzDecode(f *testing.F) {
+	for _, h := range []string{"0b0118c00002038106048119", "120118c000020218cb0071040389458b911f90", "090120c00002010c8005"} {
+		b, _ := hex.DecodeString(h)
+		f.Add(b, false)
+	}
+	f.Add([]byte{0x12, 1, 0x20, 0, 0x20, 1, 0x0d, 0xb8, 2, 0x68, 0x40, 0x12, 0x34, 0x56, 0x78, 0x9a, 3, 0x81, 6}, true)
+	f.Fuzz(func(t *testing.T, b []byte, ipv6 bool) {
+		r, rest, err := Decode(b, ipv6)
+		if err != nil {
+			return
+		}
+		read := b[:len(b)-len(rest)]
+		again, left, err := Decode(Encode(r), ipv6)
+		if err != nil || len(left) != 0 || again.String() != r.String() {
+			t.Fatalf("%x decodes to %s, which encodes as %x: %s, %v", read, r.String(), Encode(r), again.String(), err)
+		}
+		Rules(&r, Action{Kind: Drop}, "f", map[string]*policy.List{})
+		Compare(&r, &r)
+	})
+}
