@@ -38,10 +38,10 @@ type Neighbor struct {
 	HoldTime  time.Duration
 }
 
-// Equal says whether two sections ask for the same speaker and placement.
-func (f *FlowSpec) Equal(g *FlowSpec) bool {
+// SameSpeaker says whether two sections ask for the same speaker (where
+// the routes go may differ: that needs no new sessions).
+func (f *FlowSpec) SameSpeaker(g *FlowSpec) bool {
 	return f != nil && g != nil && f.LocalAS == g.LocalAS && f.RouterID == g.RouterID && f.Listen == g.Listen &&
-		f.Position == g.Position && f.Anchor == g.Anchor &&
 		slices.EqualFunc(f.Neighbors, g.Neighbors, func(a, b Neighbor) bool {
 			a.Line, b.Line = 0, 0
 			return a == b

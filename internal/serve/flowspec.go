@@ -54,7 +54,7 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := pol.FlowSpec
-	if c == nil || !c.Equal(f.cfg) {
+	if c == nil || !c.SameSpeaker(f.cfg) {
 		if f.speaker != nil {
 			f.speaker.Stop()
 			f.speaker = nil
