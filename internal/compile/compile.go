@@ -22,72 +22,16 @@ func Build(pol *policy.Policy) *Image {
 
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules))}
-	for i, r := range pol.Rules {
-		cr := abi.Rule{Action: action(r.Action), Rule: uint32(i)}
-		img.NeedL4 = img.NeedL4 || r.NeedsL4()
-		for _, n := range r.Src {
-			cr.SrcLists |= bit(n)
-			cr.Match |= abi.MatchSrc
-			img.NeedSrc = true
+	for i, rule := range pol.Rules {
+		if rule.Limit != nil {
+			img.Limits[i] = limit(rule.Limit)
+			img.PerSource = img.PerSource || rule.Limit.PerSource
 		}
-		for _, n := range r.Dst {
-			cr.DstLists |= bit(n)
-			cr.Match |= abi.MatchDst
-			img.NeedDst = true
-		}
-		switch r.Family {
-		case 4:
-			cr.Match |= abi.MatchIPv4
-		case 6:
-			cr.Match |= abi.MatchIPv6
-		}
-		if r.Proto >= 0 {
-			cr.Match |= abi.MatchProto
-			cr.Proto = uint8(r.Proto)
-		}
-		if r.Length != nil {
-			cr.Match |= abi.MatchLength
-			cr.LenLo, cr.LenHi = r.Length.Lo, r.Length.Hi
-		}
-		if r.HasFlags {
-			cr.Match |= abi.MatchTCPFlags
-			cr.FlagsSet, cr.FlagsClear = r.FlagsOn, r.FlagsOff
-		}
-		if r.ICMPType != nil {
-			cr.Match |= abi.MatchIcmpType
-			cr.IcmpTypeLo, cr.IcmpTypeHi = uint8(r.ICMPType.Lo), uint8(r.ICMPType.Hi)
-		}
-		if r.ICMPCode != nil {
-			cr.Match |= abi.MatchIcmpCode
-			cr.IcmpCodeLo, cr.IcmpCodeHi = uint8(r.ICMPCode.Lo), uint8(r.ICMPCode.Hi)
-		}
-		if r.DSCP != nil {
-			cr.Match |= abi.MatchDscp
-			cr.DscpLo, cr.DscpHi = uint8(r.DSCP.Lo), uint8(r.DSCP.Hi)
-		}
-		if r.HasFrag {
-			cr.Match |= abi.MatchFragment
-			cr.FragSet, cr.FragClear = r.FragOn, r.FragOff
-		}
-		if r.Limit != nil {
-			img.Limits[i] = limit(r.Limit)
-			img.PerSource = img.PerSource || r.Limit.PerSource
-		}
-		img.Syncookie = img.Syncookie || r.Action == policy.Syncookie
-		// One entry per pair of port ranges, all counted as the rule.
-		for _, sp := range orAny(r.Sport) {
-			for _, dp := range orAny(r.Dport) {
-				e := cr
-				if sp != nil {
-					e.Match |= abi.MatchSport
-					e.SportLo, e.SportHi = sp.Lo, sp.Hi
-				}
-				if dp != nil {
-					e.Match |= abi.MatchDport
-					e.DportLo, e.DportHi = dp.Lo, dp.Hi
-				}
-				img.Rules = append(img.Rules, e)
-			}
+		img.Syncookie = img.Syncookie || rule.Action == policy.Syncookie
+		img.NeedL4 = img.NeedL4 || rule.NeedsL4()
+		// Each alternative's entries count, and are limited, as the rule.
+		for _, r := range rule.Alternatives() {
+			img.Rules = append(img.Rules, entries(&r, rule.Action, i, bit, img)...)
 		}
 	}
 
@@ -101,6 +45,72 @@ func Build(pol *policy.Policy) *Image {
 	img.Tables = BuildTables(lists, listBits)
 	img.Classifier = Classify(img.Rules, img.Classes)
 	return img
+}
+
+// entries are the data plane's entries of one of rule i's alternatives.
+func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, img *Image) []abi.Rule {
+	cr := abi.Rule{Action: action(act), Rule: uint32(i)}
+	for _, n := range r.Src {
+		cr.SrcLists |= bit(n)
+		cr.Match |= abi.MatchSrc
+		img.NeedSrc = true
+	}
+	for _, n := range r.Dst {
+		cr.DstLists |= bit(n)
+		cr.Match |= abi.MatchDst
+		img.NeedDst = true
+	}
+	switch r.Family {
+	case 4:
+		cr.Match |= abi.MatchIPv4
+	case 6:
+		cr.Match |= abi.MatchIPv6
+	}
+	if r.Proto >= 0 {
+		cr.Match |= abi.MatchProto
+		cr.Proto = uint8(r.Proto)
+	}
+	if r.Length != nil {
+		cr.Match |= abi.MatchLength
+		cr.LenLo, cr.LenHi = r.Length.Lo, r.Length.Hi
+	}
+	if r.HasFlags {
+		cr.Match |= abi.MatchTCPFlags
+		cr.FlagsSet, cr.FlagsClear = r.FlagsOn, r.FlagsOff
+	}
+	if r.ICMPType != nil {
+		cr.Match |= abi.MatchIcmpType
+		cr.IcmpTypeLo, cr.IcmpTypeHi = uint8(r.ICMPType.Lo), uint8(r.ICMPType.Hi)
+	}
+	if r.ICMPCode != nil {
+		cr.Match |= abi.MatchIcmpCode
+		cr.IcmpCodeLo, cr.IcmpCodeHi = uint8(r.ICMPCode.Lo), uint8(r.ICMPCode.Hi)
+	}
+	if r.DSCP != nil {
+		cr.Match |= abi.MatchDscp
+		cr.DscpLo, cr.DscpHi = uint8(r.DSCP.Lo), uint8(r.DSCP.Hi)
+	}
+	if r.HasFrag {
+		cr.Match |= abi.MatchFragment
+		cr.FragSet, cr.FragClear = r.FragOn, r.FragOff
+	}
+	// One entry per pair of port ranges, all counted as the rule.
+	var out []abi.Rule
+	for _, sp := range orAny(r.Sport) {
+		for _, dp := range orAny(r.Dport) {
+			e := cr
+			if sp != nil {
+				e.Match |= abi.MatchSport
+				e.SportLo, e.SportHi = sp.Lo, sp.Hi
+			}
+			if dp != nil {
+				e.Match |= abi.MatchDport
+				e.DportLo, e.DportHi = dp.Lo, dp.Hi
+			}
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // BuildTables builds the prefix-list tables for lists, lists[i] answering

@@ -88,6 +88,18 @@ func (pol *Policy) inAny(names []string, addr netip.Addr) bool {
 }
 
 func (pol *Policy) match(r *Rule, p *Packet) match {
+	if len(r.Alt) > 0 {
+		res := noMatch
+		for i := range r.Alt {
+			switch pol.match(&r.Alt[i], p) {
+			case matched:
+				return matched
+			case matchUnknown:
+				res = matchUnknown
+			}
+		}
+		return res
+	}
 	if r.Family == 4 && p.IsIPv6 || r.Family == 6 && !p.IsIPv6 {
 		return noMatch
 	}
@@ -177,6 +189,11 @@ func (r *Rule) NeedsL4Header() bool { return r.Sport != nil || r.Dport != nil ||
 // NeedsL4 reports whether the rule looks past the L3 header: at the
 // protocol, ports, flags, ICMP type or code, or IPv6's fragment header.
 func (r *Rule) NeedsL4() bool {
+	for _, a := range r.Alt {
+		if a.NeedsL4() {
+			return true
+		}
+	}
 	// Fragment bits: IPv6's are in the header chain, walked for L4.
 	return r.Proto >= 0 || r.NeedsL4Header() || r.ICMPType != nil || r.ICMPCode != nil || r.HasFrag
 }

@@ -115,11 +115,43 @@ type Rule struct {
 	HasFrag  bool
 	Action   Action
 	Limit    *RateLimit // for action limit
+	// Alt, when set, is what the rule matches instead of its own fields:
+	// any of these alternatives (their match fields; name, action and
+	// limit are the rule's). A BGP FlowSpec route whose match is an OR
+	// is one rule so, with one counter and one rate.
+	Alt []Rule
+}
+
+// Alternatives are what the rule matches: its Alt, or itself.
+func (r *Rule) Alternatives() []Rule {
+	if len(r.Alt) > 0 {
+		return r.Alt
+	}
+	return []Rule{*r}
 }
 
 // MatchKey is a canonical text of what the rule matches. A rule whose name and
 // MatchKey survive a re-apply keeps its counters.
 func (r *Rule) MatchKey() string {
+	if len(r.Alt) > 0 {
+		keys := make([]string, len(r.Alt))
+		for i := range r.Alt {
+			keys[i] = r.Alt[i].matchKey()
+		}
+		return "any(" + strings.Join(keys, "|") + ")" + r.actionKey()
+	}
+	return r.matchKey() + r.actionKey()
+}
+
+func (r *Rule) actionKey() string {
+	k := ";action=" + r.Action.String()
+	if r.Limit != nil {
+		k += ";limit=" + r.Limit.String()
+	}
+	return k
+}
+
+func (r *Rule) matchKey() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "src=%s;dst=%s;family=%d;proto=%d", strings.Join(r.Src, ","), strings.Join(r.Dst, ","), r.Family, r.Proto)
 	for _, f := range []struct {
@@ -147,10 +179,6 @@ func (r *Rule) MatchKey() string {
 	if r.HasFrag {
 		fmt.Fprintf(&b, ";fragment=%s", FormatFragment(r.FragOn, r.FragOff))
 	}
-	fmt.Fprintf(&b, ";action=%s", r.Action)
-	if r.Limit != nil {
-		fmt.Fprintf(&b, ";limit=%s", r.Limit)
-	}
 	return b.String()
 }
 
@@ -164,7 +192,13 @@ func formatRanges(rs []Range) string {
 
 // Entries is how many match entries of the data plane the rule takes: one
 // per pair of its source and destination port ranges.
-func (r *Rule) Entries() int { return max(1, len(r.Sport)) * max(1, len(r.Dport)) }
+func (r *Rule) Entries() int {
+	n := 0
+	for _, a := range r.Alternatives() {
+		n += max(1, len(a.Sport)) * max(1, len(a.Dport))
+	}
+	return n
+}
 
 // InRanges reports whether v is in any of the ranges.
 func InRanges(rs []Range, v uint16) bool {
@@ -240,11 +274,10 @@ func (pol *Policy) Usage() (entries int, lists map[string]bool) {
 	lists = map[string]bool{}
 	for _, r := range pol.Rules {
 		entries += r.Entries()
-		for _, n := range r.Src {
-			lists[n] = true
-		}
-		for _, n := range r.Dst {
-			lists[n] = true
+		for _, a := range r.Alternatives() {
+			for _, n := range append(slices.Clone(a.Src), a.Dst...) {
+				lists[n] = true
+			}
 		}
 	}
 	return entries, lists

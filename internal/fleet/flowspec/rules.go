@@ -74,11 +74,13 @@ func unsupported(reason, format string, args ...any) error {
 // combinations) and each combination is a rule.
 const MaxRulesPerRoute = 64
 
-// Rules writes a route as rampart rules, named name, name/2, name/3…, in
-// one run: a packet matches one of them exactly when the route matches it
-// (the reference, Route.Matches). Prefixes become lists named by the
-// prefix, added to lists when missing. A route that can never match gives
-// no rules; one with Continue and accept does nothing and gives none.
+// Rules writes a route as a rampart rule named name: a packet matches it
+// exactly when the route matches it (the reference, Route.Matches). A
+// match that is an OR (protocols, ports either side, ranges, flag terms)
+// is a rule of alternatives (policy.Rule.Alt), counted and rate-limited
+// as one. Prefixes become lists named by the prefix, added to lists when
+// missing. A route that can never match gives no rule; nor does one with
+// Continue and accept, which does nothing.
 func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]policy.Rule, error) {
 	base := policy.Rule{Name: name, Proto: -1, Family: 4}
 	if r.IPv6 {
@@ -239,17 +241,19 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 		}
 		out = append(out, v)
 	}
-	if base.Action == policy.Limit && len(out) > 1 {
-		// Each rule keeps a bucket of its own: the route's rate would be
-		// granted once per rule.
-		return nil, unsupported("rate-split", "a rate over a match of %d rules (an OR of protocols, ports either side, ranges or flag terms): each would have the whole rate", len(out))
+	switch len(out) {
+	case 0:
+		return nil, nil
+	case 1:
+		return out, nil
 	}
+	// One rule of alternatives: one counter and one rate for the route.
+	r0 := base
 	for k := range out {
-		if k > 0 {
-			out[k].Name = name + "/" + strconv.Itoa(k+1)
-		}
+		out[k].Name, out[k].Action, out[k].Limit = "", 0, nil
 	}
-	return out, nil
+	r0.Alt = out
+	return []policy.Rule{r0}, nil
 }
 
 // multiply replaces each variant by what each gives, within

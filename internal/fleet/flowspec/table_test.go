@@ -8,6 +8,8 @@ import (
 
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -127,4 +129,26 @@ func FuzzDecode(f *testing.F) {
 		Rules(&r, Action{Kind: Drop}, "f", map[string]*policy.List{})
 		Compare(&r, &r)
 	})
+}
+
+// A rate over a match that is an OR is one rule of alternatives: its
+// entries all count, and are limited, as that one rule.
+func TestRateOverAlternatives(t *testing.T) {
+	r := Route{Components: []Component{{Type: TypePort, Ops: []Op{{Bits: opEq, Value: 53, Len: 1}}}}}
+	r, _, _ = Decode(Encode(r), false)
+	pol := &policy.Policy{Lists: map[string]*policy.List{}}
+	rules, err := Rules(&r, Action{Kind: RatePackets, Rate: 1000}, "fs", pol.Lists)
+	if err != nil || len(rules) != 1 || len(rules[0].Alt) != 4 || rules[0].Limit == nil {
+		t.Fatalf("port =53 at 1000/s: %+v, %v", rules, err)
+	}
+	pol.Rules = rules
+	img := compile.Build(pol)
+	if len(img.Rules) != 4 || len(img.Limits) != 1 {
+		t.Fatalf("%d entries, %d limits; want 4 entries of one limited rule", len(img.Rules), len(img.Limits))
+	}
+	for _, e := range img.Rules {
+		if e.Rule != 0 || e.Action != abi.ActionLimit {
+			t.Fatalf("entry %+v is not rule 0's limit", e)
+		}
+	}
 }
