@@ -109,6 +109,28 @@ func routeByMatch(s serve.FlowSpecShow, substr string) *serve.FlowSpecRoute {
 	return nil
 }
 
+// flowspecServe writes a policy with a flowspec section (rampart's speaker
+// as AS 65001) of the neighbor given, and the rules, and returns the
+// arguments of a service on the pair's B side with its metrics port.
+func flowspecServe(t *testing.T, p *testutil.Pair, neighbor, rules string) (args []string, port int) {
+	pol := writeFile(t, "policy.yaml", fmt.Sprintf("flowspec:\n  local_as: 65001\n  router_id: 192.0.2.1\n  neighbors: [%s]\nrules: %s\ndefault: pass\n", neighbor, rules))
+	port = freePort(t)
+	return []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}, port
+}
+
+// startFlowSpecServe starts the service, printing its log if the test
+// fails, and detaches the filter after it.
+func startFlowSpecServe(t *testing.T, p *testutil.Pair, args []string) (*exec.Cmd, *strings.Builder) {
+	cmd, _, log := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
+	})
+	return cmd, log
+}
+
 // TestFlowSpec: FlowSpec routes from gobgpd over a real BGP session become
 // rules that real traffic meets: drop, rate limit and withdraw, IPv4 and
 // IPv6; a route rampart's data plane cannot match is shown as such and
@@ -118,28 +140,9 @@ func routeByMatch(s serve.FlowSpecShow, substr string) *serve.FlowSpecRoute {
 func TestFlowSpec(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pol, []byte(fmt.Sprintf(`flowspec:
-  local_as: 65001
-  router_id: 192.0.2.1
-  listen: "[::]:179"
-  neighbors:
-    - {address: %s, peer_as: 65000, hold_time: 6s, max_routes: 8}
-rules:
-  - {name: ssh, proto: tcp, dport: 22, action: pass}
-  - {name: blocked, src: 198.51.100.0/24, action: drop}
-default: pass
-`, p.A4)), 0o644)
-	port := freePort(t)
-	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
-	serveCmd, _, log := startServe(t, args...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("rampart serve:\n%s", log)
-		}
-		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
-	})
+	args, port := flowspecServe(t, p, fmt.Sprintf("{address: %s, peer_as: 65000, hold_time: 6s, max_routes: 8}", p.A4),
+		"[{name: ssh, proto: tcp, dport: 22, action: pass}, {name: blocked, src: 198.51.100.0/24, action: drop}]")
+	serveCmd, _ := startFlowSpecServe(t, p, args)
 	bgp := startGoBGP(t, p.NsA, p.A4, p.B4, 65000, 65001)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -310,25 +313,8 @@ protocol bgp rampart {
 func TestFlowSpecBird(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
-	dir := t.TempDir()
-	pol := filepath.Join(dir, "policy.yaml")
-	os.WriteFile(pol, []byte(fmt.Sprintf(`flowspec:
-  local_as: 65001
-  router_id: 192.0.2.1
-  neighbors:
-    - {address: "%s", peer_as: 65002}
-rules:
-  - {name: closed, proto: udp, dport: 9610, action: drop}
-default: pass
-`, p.A6)), 0o644)
-	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB}
-	_, _, log := startServe(t, args...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("rampart serve:\n%s", log)
-		}
-		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
-	})
+	args, _ := flowspecServe(t, p, fmt.Sprintf(`{address: "%s", peer_as: 65002}`, p.A6), "[{name: closed, proto: udp, dport: 9610, action: drop}]")
+	startFlowSpecServe(t, p, args)
 	// Extended communities given raw, as BIRD's (generic, high, low):
 	// traffic-rate 0 is type 0x80 subtype 0x06, AS 0, rate 0.0; a
 	// redirect to route target 65000:1 is 0x80 0x08, 0xfde8, 1.
@@ -460,15 +446,7 @@ func (p *rawPeer) announce(as uint32, nlri []byte) {
 func TestFlowSpecMalformed(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
-	pol := writeFile(t, "policy.yaml", fmt.Sprintf(`flowspec:
-  local_as: 65001
-  router_id: 192.0.2.1
-  neighbors: [{address: %s, peer_as: 65000}]
-rules: []
-default: pass
-`, p.A4))
-	port := freePort(t)
-	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
+	args, port := flowspecServe(t, p, fmt.Sprintf("{address: %s, peer_as: 65000}", p.A4), "[]")
 	// A speaker whose address is in use at the service's start: the
 	// service refuses to start and nothing changes on the host.
 	var busy net.Listener
@@ -480,13 +458,7 @@ default: pass
 	}
 	noHooks(t, p.NsB, "a speaker that cannot listen")
 	busy.Close()
-	_, _, log := startServe(t, args...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("rampart serve:\n%s", log)
-		}
-		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
-	})
+	startFlowSpecServe(t, p, args)
 	peer := dialRawPeer(t, p.NsA, p.B4, 65000)
 	within(t, "the raw session up", 10*time.Second, func() bool { return flowspecShow(t, p.NsB).Neighbors[0].Up })
 	rx := testutil.UDPListener(t, p.NsB, p.B4, 9700)
@@ -553,22 +525,8 @@ func TestFlowSpecScale(t *testing.T) {
 	testutil.Privileged(t)
 	const n = 10_000
 	p := testutil.NewPair(t)
-	pol := writeFile(t, "policy.yaml", fmt.Sprintf(`flowspec:
-  local_as: 65001
-  router_id: 192.0.2.1
-  neighbors: [{address: %s, peer_as: 65002, max_routes: %d}]
-rules: []
-default: pass
-`, p.A4, n))
-	port := freePort(t)
-	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--listen", fmt.Sprintf("127.0.0.1:%d", port)}
-	_, _, log := startServe(t, args...)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("rampart serve:\n%s", log)
-		}
-		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB)
-	})
+	args, port := flowspecServe(t, p, fmt.Sprintf("{address: %s, peer_as: 65002, max_routes: %d}", p.A4, n), "[]")
+	_, log := startFlowSpecServe(t, p, args)
 	var routes strings.Builder
 	for i := range n {
 		fmt.Fprintf(&routes, "  route flow4 { dst %s/32; proto = 17; dport = %d; } { bgp_ext_community.add((generic, 0x80060000, 0)); };\n", p.B4, 20000+i)
