@@ -3,7 +3,9 @@
 # kernel tier's tests, sized for emulation, each package's test binary from
 # its package's directory as `go test` would; NAME "nics" runs the NIC
 # guest's tests. Results go to OUT/NAME/: a log per run and one line per run
-# in `results` ("PASS|FAIL name seconds").
+# in `results` ("PASS|FAIL name seconds"), and the name of the run under way
+# in `running`. A guest booted again after a panic skips the runs that already
+# have a result.
 set -uo pipefail
 out="$1"
 name="$2"
@@ -11,7 +13,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 kernel="$(uname -r)"
 res="$out/$name"
 mkdir -p "$res"
-: >"$res/results"
+: >>"$res/results"
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 ip link set lo up
 export RAMPART_REQUIRE_PRIVILEGED=1
@@ -21,6 +23,8 @@ export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000 RAMPART_REAPPLY_D
 
 run() { # name package pattern
   local name="$1" pkg="$2" pattern="$3" start rc
+  grep -q " $name " "$res/results" && return
+  echo "$name" >"$res/running"
   start=$(date +%s)
   (cd "$repo/internal/$pkg" && timeout 900 "$out/bin/$pkg.test" -test.count=1 -test.v -test.timeout=850s \
     -test.run "^($pattern)\$") >"$res/$name.log" 2>&1
@@ -29,6 +33,7 @@ run() { # name package pattern
     rc=1 # a skipped test is no pass here
   fi
   echo "$([ $rc -eq 0 ] && echo PASS || echo FAIL) $name $(($(date +%s) - start))" >>"$res/results"
+  rm -f "$res/running"
 }
 
 if [ "$name" = nics ]; then
