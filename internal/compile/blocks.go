@@ -55,10 +55,12 @@ func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape, slot fun
 	for i := range items {
 		keys[i] = digest(&items[i])
 	}
-	pos, buckets, mul := placeCuckoo(keys, sh)
+	slots, buckets, mul := placeCuckoo(keys, sh)
 	table := make([]B, buckets)
-	for i, p := range pos {
-		*slot(&table[p/uint32(sh.slots)], int(p%uint32(sh.slots))) = items[i]
+	for s, k := range slots {
+		if k != 0 {
+			*slot(&table[s/sh.slots], s%sh.slots) = items[k-1]
+		}
 	}
 	return table, mul
 }
@@ -68,13 +70,13 @@ func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape, slot fun
 const maxKicks = 1000
 
 // placeCuckoo finds, for keys given by their digests, a slot each in a
-// table of the shape: it returns the slot (bucket*slots + slot) of every
-// key, the bucket count (whole pages) and the multipliers. Digests may
-// collide (the slots hold whole keys); more keys than a bucket pair holds
-// on one digest would never place, which a 32-bit digest of real keys
+// table of the shape: it returns every slot's key (its index + 1; 0 is a
+// free slot), the bucket count (whole pages) and the multipliers. Digests
+// may collide (the slots hold whole keys); more keys than a bucket pair
+// holds on one digest would never place, which a 32-bit digest of real keys
 // makes vanishingly rare. Deterministic: one set of keys always gives one
 // layout.
-func placeCuckoo(keys []uint32, sh shape) (pos []uint32, buckets uint32, mul [2]uint64) {
+func placeCuckoo(keys []uint32, sh shape) (slots []uint32, buckets uint32, mul [2]uint64) {
 	if len(keys) == 0 {
 		return nil, 0, [2]uint64{1, 1}
 	}
@@ -82,34 +84,24 @@ func placeCuckoo(keys []uint32, sh shape) (pos []uint32, buckets uint32, mul [2]
 	for seed := uint64(1); ; seed++ {
 		buckets = pages * abi.PageBuckets
 		mul = blockMultipliers(seed)
-		if pos, ok := cuckoo(keys, sh, buckets, mul, seed); ok {
-			return pos, buckets, mul
+		if slots, ok := cuckoo(keys, sh, buckets, mul, seed); ok {
+			return slots, buckets, mul
 		}
 		pages += pages/16 + 1 // unlucky or a page too full: more room
 	}
 }
 
-// candidate is a key to place: its buckets and its index in keys.
-type candidate struct {
-	bucket [2]uint32
-	key    uint32
-}
-
-// cuckoo places every key and returns their slots. Keys are placed page by
-// page of their first bucket (a radix sort by page), so the table, and
-// for page-local shapes every eviction, stays in cache instead of being
-// written at random. When both of a key's buckets are full it first looks
-// for a key in them that can move to its other bucket, then evicts along a
-// pseudo-random walk.
+// cuckoo places every key and returns the slots' keys. Keys are placed
+// page by page of their first bucket, so the table, and for page-local
+// shapes every eviction, stays in cache instead of being written at random.
+// When both of a key's buckets are full it first looks for a key in them
+// that can move to its other bucket, then evicts along a pseudo-random
+// walk. Besides the table it takes four bytes a key: a key's buckets are
+// hashed again when needed rather than kept.
 func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
 	slots := sh.slots
-	cands := make([]candidate, len(keys))
-	for i, k := range keys {
-		cands[i] = candidate{bucketPair(k, mul, n, sh.local), uint32(i)}
-	}
-	sortByPage(cands, n/abi.PageBuckets)
-
-	table := make([]uint32, int(n)*slots) // candidate index + 1 per slot; 0: free
+	buckets := func(item uint32) [2]uint32 { return bucketPair(keys[item-1], mul, n, sh.local) }
+	table := make([]uint32, int(n)*slots) // key index + 1 per slot; 0: free
 	free := func(b uint32) int {
 		for s := int(b) * slots; s < int(b+1)*slots; s++ {
 			if table[s] == 0 {
@@ -122,7 +114,7 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 	// bucket, if that has room.
 	moveOne := func(b uint32) int {
 		for s := int(b) * slots; s < int(b+1)*slots; s++ {
-			c := cands[table[s]-1].bucket
+			c := buckets(table[s])
 			other := c[0]
 			if other == b {
 				other = c[1]
@@ -135,10 +127,10 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 		return -1
 	}
 	rng := seed
-	for i := range cands {
-		item := uint32(i + 1)
+	for _, k := range byPage(keys, mul, n, sh.local) {
+		item := k + 1
 		for kick := 0; ; kick++ {
-			b := cands[item-1].bucket
+			b := buckets(item)
 			s := free(b[0])
 			if s < 0 {
 				s = free(b[1])
@@ -162,38 +154,25 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 			table[s], item = item, table[s]
 		}
 	}
-	pos := make([]uint32, len(keys))
-	for s, c := range table {
-		if c != 0 {
-			pos[cands[c-1].key] = uint32(s)
-		}
-	}
-	return pos, true
+	return table, true
 }
 
-// sortByPage orders candidates by the page of their first bucket with an
-// LSD radix sort of 11-bit digits: every pass reads and writes in order, far
-// faster than scattering millions of candidates at random.
-func sortByPage(cands []candidate, pages uint32) {
-	page := func(c candidate) uint32 { return c.bucket[0] / abi.PageBuckets }
-	tmp := make([]candidate, len(cands))
-	src, dst := cands, tmp
-	for shift := uint32(0); pages>>shift > 0; shift += 11 {
-		var count [1<<11 + 1]int
-		for _, c := range src {
-			count[page(c)>>shift&(1<<11-1)+1]++
-		}
-		for d := 1; d < len(count); d++ {
-			count[d] += count[d-1]
-		}
-		for _, c := range src {
-			d := page(c) >> shift & (1<<11 - 1)
-			dst[count[d]] = c
-			count[d]++
-		}
-		src, dst = dst, src
+// byPage is the keys' indices ordered by the page of their first bucket,
+// keeping the keys' order within a page (a counting sort).
+func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) []uint32 {
+	page := func(k uint32) uint32 { return bucketPair(k, mul, n, local)[0] / abi.PageBuckets }
+	start := make([]uint32, n/abi.PageBuckets+1)
+	for _, k := range keys {
+		start[page(k)+1]++
 	}
-	if len(cands) > 0 && &src[0] != &cands[0] {
-		copy(cands, src)
+	for p := 1; p < len(start); p++ {
+		start[p] += start[p-1]
 	}
+	order := make([]uint32, len(keys))
+	for i, k := range keys {
+		p := page(k)
+		order[start[p]] = uint32(i)
+		start[p]++
+	}
+	return order
 }

@@ -177,20 +177,30 @@ func TestCuckoo(t *testing.T) {
 		keys[i] = k
 	}
 	for _, c := range []shape{quadShape, pairShape} {
-		pos, buckets, mul := placeCuckoo(keys, c)
+		slots, buckets, mul := placeCuckoo(keys, c)
 		if buckets%abi.PageBuckets != 0 || float64(len(keys)) < 0.85*c.load*float64(int(buckets)*c.slots) {
 			t.Errorf("%d slots: %d keys in %d buckets", c.slots, len(keys), buckets)
 		}
-		used := map[uint32]bool{}
-		for i, p := range pos {
-			b, pair := p/uint32(c.slots), bucketPair(keys[i], mul, buckets, c.local)
-			if used[p] || (b != pair[0] && b != pair[1]) || (c.local && pair[0]/abi.PageBuckets != pair[1]/abi.PageBuckets) {
-				t.Fatalf("key %d at slot %d: taken, not in its buckets, or its buckets in two pages", i, p)
-			}
-			used[p] = true
+		if len(slots) != int(buckets)*c.slots {
+			t.Fatalf("%d slots: %d slots for %d buckets", c.slots, len(slots), buckets)
 		}
-		pos2, buckets2, mul2 := placeCuckoo(keys, c)
-		if buckets2 != buckets || mul2 != mul || !slices.Equal(pos, pos2) {
+		placed := make([]bool, len(keys))
+		for p, k := range slots {
+			if k == 0 {
+				continue
+			}
+			i := k - 1
+			b, pair := uint32(p/c.slots), bucketPair(keys[i], mul, buckets, c.local)
+			if placed[i] || (b != pair[0] && b != pair[1]) || (c.local && pair[0]/abi.PageBuckets != pair[1]/abi.PageBuckets) {
+				t.Fatalf("key %d at slot %d: placed twice, not in its buckets, or its buckets in two pages", i, p)
+			}
+			placed[i] = true
+		}
+		if i := slices.Index(placed, false); i >= 0 {
+			t.Fatalf("%d slots: key %d has no slot", c.slots, i)
+		}
+		slots2, buckets2, mul2 := placeCuckoo(keys, c)
+		if buckets2 != buckets || mul2 != mul || !slices.Equal(slots, slots2) {
 			t.Errorf("%d slots: two layouts of the same keys", c.slots)
 		}
 	}
