@@ -1,6 +1,10 @@
 package compile
 
-import "github.com/rampart-fw/rampart/internal/abi"
+import (
+	"unsafe"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+)
 
 // Blocks (the /24s holding anything) and IPv6 prefixes go into bucketized
 // cuckoo hashes (bpf/common.h): each key has two buckets, from two
@@ -48,21 +52,104 @@ func blockMultipliers(seed uint64) [2]uint64 {
 	return m
 }
 
-// cuckooTable lays items out in the buckets of a cuckoo table (slot gives
-// a bucket's i-th slot) and returns the buckets and the multipliers.
-func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape, slot func(*B, int) *S) ([]B, [2]uint64) {
+// cuckooTable lays items out in the buckets of a cuckoo table and returns
+// the buckets and the multipliers. A bucket B is S's slots, nothing else
+// (the abi's bucket types; TestBucketLayout). When items has the capacity
+// (tableSlots), the table is laid out in place, over items' memory, which it
+// then owns: ten million prefixes do not need their table twice.
+func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2]uint64) {
 	keys := make([]uint32, len(items))
 	for i := range items {
 		keys[i] = digest(&items[i])
 	}
 	slots, buckets, mul := placeCuckoo(keys, sh)
-	table := make([]B, buckets)
+	if buckets == 0 {
+		return nil, mul
+	}
+	pos := make([]uint32, len(items)) // each item's slot
 	for s, k := range slots {
 		if k != 0 {
-			*slot(&table[s/sh.slots], s%sh.slots) = items[k-1]
+			pos[k-1] = uint32(s)
 		}
 	}
-	return table, mul
+	n := len(slots)
+	slots = nil
+	var table []S
+	if cap(items) >= n {
+		table = items[:n]
+		clear(table[len(items):])
+		permute(table, len(items), pos)
+	} else {
+		table = make([]S, n)
+		for i, p := range pos {
+			table[p] = items[i]
+		}
+	}
+	return unsafe.Slice((*B)(unsafe.Pointer(unsafe.SliceData(table))), int(buckets)), mul
+}
+
+// tableSlots is the room cuckooTable needs to lay n items out in place (a
+// table that takes more seeds than one needs more, rarely: it is copied).
+func tableSlots(n int, sh shape) int {
+	if n == 0 {
+		return 0
+	}
+	return int(firstPages(n, sh)) * abi.PageBuckets * sh.slots
+}
+
+// firstPages is the pages of a table of n keys before any retry.
+func firstPages(n int, sh shape) uint32 {
+	return uint32(float64(n)/(float64(sh.slots)*sh.load*abi.PageBuckets)) + 1
+}
+
+// permute moves a[i] to a[pos[i]] for the first n elements, in place: the
+// slots no element moves to end up zero (free). It follows the
+// permutation's cycles from element to element, on eight of them at once:
+// each step is a read at random, and one chain's reads wait on each other
+// while eight chains' overlap. An element is marked moved as it is lifted,
+// so a chain starts only at one still in place; two chains on one cycle
+// split it between them.
+func permute[S any](a []S, n int, pos []uint32) {
+	moved := make([]uint64, (n+63)/64)
+	has := func(i uint32) bool { return moved[i/64]&(1<<(i%64)) != 0 }
+	lift := func(i uint32) S {
+		moved[i/64] |= 1 << (i % 64)
+		return a[i]
+	}
+	var zero S
+	var chains [8]struct {
+		val  S      // the element in hand
+		from uint32 // where it was
+		busy bool
+	}
+	start := uint32(0) // no element before it is still in place
+	for {
+		busy := 0
+		for c := range chains {
+			ch := &chains[c]
+			if !ch.busy {
+				for start < uint32(n) && has(start) {
+					start++
+				}
+				if start == uint32(n) {
+					continue
+				}
+				ch.val, ch.from, ch.busy = lift(start), start, true
+				a[start] = zero
+			}
+			busy++
+			to := pos[ch.from]
+			if int(to) < n && !has(to) { // an element yet to move is there
+				next := lift(to)
+				a[to], ch.val, ch.from = ch.val, next, to
+				continue
+			}
+			a[to], ch.busy = ch.val, false
+		}
+		if busy == 0 {
+			return
+		}
+	}
 }
 
 // maxKicks bounds one insertion's evictions before a new seed and more
@@ -80,7 +167,7 @@ func placeCuckoo(keys []uint32, sh shape) (slots []uint32, buckets uint32, mul [
 	if len(keys) == 0 {
 		return nil, 0, [2]uint64{1, 1}
 	}
-	pages := uint32(float64(len(keys))/(float64(sh.slots)*sh.load*abi.PageBuckets)) + 1
+	pages := firstPages(len(keys), sh)
 	for seed := uint64(1); ; seed++ {
 		buckets = pages * abi.PageBuckets
 		mul = blockMultipliers(seed)
@@ -96,12 +183,14 @@ func placeCuckoo(keys []uint32, sh shape) (slots []uint32, buckets uint32, mul [
 // shapes every eviction, stays in cache instead of being written at random.
 // When both of a key's buckets are full it first looks for a key in them
 // that can move to its other bucket, then evicts along a pseudo-random
-// walk. Besides the table it takes four bytes a key: a key's buckets are
+// walk. Besides the table it takes eight bytes a key: a key's buckets are
 // hashed again when needed rather than kept.
 func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
 	slots := sh.slots
-	buckets := func(item uint32) [2]uint32 { return bucketPair(keys[item-1], mul, n, sh.local) }
-	table := make([]uint32, int(n)*slots) // key index + 1 per slot; 0: free
+	sorted := byPage(keys, mul, n, sh.local)
+	// item is an index into sorted + 1.
+	buckets := func(item uint32) [2]uint32 { return bucketPair(sorted[item-1].digest, mul, n, sh.local) }
+	table := make([]uint32, int(n)*slots) // item per slot; 0: free
 	free := func(b uint32) int {
 		for s := int(b) * slots; s < int(b+1)*slots; s++ {
 			if table[s] == 0 {
@@ -127,8 +216,8 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 		return -1
 	}
 	rng := seed
-	for _, k := range byPage(keys, mul, n, sh.local) {
-		item := k + 1
+	for i := range sorted {
+		item := uint32(i + 1)
 		for kick := 0; ; kick++ {
 			b := buckets(item)
 			s := free(b[0])
@@ -154,12 +243,20 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 			table[s], item = item, table[s]
 		}
 	}
+	for s, item := range table {
+		if item != 0 {
+			table[s] = sorted[item-1].key + 1
+		}
+	}
 	return table, true
 }
 
-// byPage is the keys' indices ordered by the page of their first bucket,
-// keeping the keys' order within a page (a counting sort).
-func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) []uint32 {
+// pageKey is a key's digest and its index in keys.
+type pageKey struct{ digest, key uint32 }
+
+// byPage is the keys ordered by the page of their first bucket, keeping
+// the keys' order within a page (a counting sort).
+func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) []pageKey {
 	page := func(k uint32) uint32 { return bucketPair(k, mul, n, local)[0] / abi.PageBuckets }
 	start := make([]uint32, n/abi.PageBuckets+1)
 	for _, k := range keys {
@@ -168,11 +265,11 @@ func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) []uint32 {
 	for p := 1; p < len(start); p++ {
 		start[p] += start[p-1]
 	}
-	order := make([]uint32, len(keys))
+	sorted := make([]pageKey, len(keys))
 	for i, k := range keys {
 		p := page(k)
-		order[start[p]] = uint32(i)
+		sorted[start[p]] = pageKey{k, uint32(i)}
 		start[p]++
 	}
-	return order
+	return sorted
 }

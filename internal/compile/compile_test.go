@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"unsafe"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -225,6 +226,61 @@ func TestAggregation(t *testing.T) {
 	for addr, want := range map[string]uint64{"2001:db8:ffff::1": 1, "2001:db9:1:ffff::": 1, "2001:db9:2::": 0, "2001:db7:ffff::": 0} {
 		if got := lookup6(&tb, netip.MustParseAddr(addr)); got != want {
 			t.Errorf("%s: %b, want %b", addr, got, want)
+		}
+	}
+}
+
+// TestBucketLayout: cuckooTable views a run of slots as buckets, so a
+// bucket must be its slots and nothing else.
+func TestBucketLayout(t *testing.T) {
+	for _, c := range []struct {
+		name                string
+		bucket, slot, slots uintptr
+		bucketAlign, slotAl uintptr
+	}{
+		{"V4Bucket", unsafe.Sizeof(abi.V4Bucket{}), unsafe.Sizeof(abi.V4Block{}), 4, unsafe.Alignof(abi.V4Bucket{}), unsafe.Alignof(abi.V4Block{})},
+		{"V6Bucket", unsafe.Sizeof(abi.V6Bucket{}), unsafe.Sizeof(abi.V6Block{}), 2, unsafe.Alignof(abi.V6Bucket{}), unsafe.Alignof(abi.V6Block{})},
+		{"V6ShortBucket", unsafe.Sizeof(abi.V6ShortBucket{}), unsafe.Sizeof(abi.V6Slot{}), 4, unsafe.Alignof(abi.V6ShortBucket{}), unsafe.Alignof(abi.V6Slot{})},
+		{"V6LongBucket", unsafe.Sizeof(abi.V6LongBucket{}), unsafe.Sizeof(abi.V6LongSlot{}), 2, unsafe.Alignof(abi.V6LongBucket{}), unsafe.Alignof(abi.V6LongSlot{})},
+	} {
+		if c.bucket != c.slots*c.slot || c.bucketAlign != c.slotAl {
+			t.Errorf("%s: %d bytes aligned to %d, want %d slots of %d aligned to %d", c.name, c.bucket, c.bucketAlign, c.slots, c.slot, c.slotAl)
+		}
+	}
+}
+
+// TestCuckooInPlace: a table laid out over its items' memory is the table
+// laid out in a copy.
+func TestCuckooInPlace(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, n := range []int{1, 63, 5000, 100_000} {
+		items := make([]abi.V6LongSlot, n)
+		for i := range items {
+			items[i] = abi.V6LongSlot{Hi: rng.Uint64(), Lo: rng.Uint64(), Len: 128, Cls: uint32(i)}
+		}
+		digest := func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }
+		copied, mul := cuckooTable[abi.V6LongBucket](slices.Clip(slices.Clone(items)), digest, pairShape)
+		room := append(make([]abi.V6LongSlot, 0, tableSlots(n, pairShape)), items...)
+		inPlace, mul2 := cuckooTable[abi.V6LongBucket](room, digest, pairShape)
+		if mul != mul2 || !slices.Equal(copied, inPlace) {
+			t.Fatalf("%d items: the table laid out in place differs from the copy", n)
+		}
+		if &inPlace[0].Slot[0] != &room[:1][0] {
+			t.Errorf("%d items: not laid out in place", n)
+		}
+		found := 0
+		for _, b := range inPlace {
+			for _, s := range b.Slot {
+				if s.Len != 0 {
+					if s != items[s.Cls] {
+						t.Fatalf("%d items: slot holds %+v, not item %d", n, s, s.Cls)
+					}
+					found++
+				}
+			}
+		}
+		if found != n {
+			t.Errorf("%d items: %d in the table", n, found)
 		}
 	}
 }

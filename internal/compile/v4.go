@@ -55,9 +55,8 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	sweepV4(lists, bits, b.segment)
 	b.flush()
 	key := func(s *abi.V4Block) uint32 { return s.Key }
-	slot := func(b *abi.V4Bucket, i int) *abi.V4Block { return &b.Slot[i] }
-	t.V4Blocks, t.V4BlockMul = cuckooTable(b.blocks, key, quadShape, slot)
-	t.V4Wide, t.V4WideMul = cuckooTable(b.wide, key, quadShape, slot)
+	t.V4Blocks, t.V4BlockMul = cuckooTable[abi.V4Bucket](b.blocks, key, quadShape)
+	t.V4Wide, t.V4WideMul = cuckooTable[abi.V4Bucket](b.wide, key, quadShape)
 }
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list

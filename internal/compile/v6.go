@@ -17,39 +17,35 @@ import (
 // to /24 sets the class of the blocks it covers (the longest wins), a longer
 // one marks its length in its block's node and goes into the hash table of
 // its length's kind. Blocks and prefixes go into cuckoo tables.
+//
+// The prefixes stream from the lists' ranges in address order and are
+// never held all at once: a first pass counts them by kind, so each table's
+// entries are allocated once (ten million prefixes are hundreds of MB).
 func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
-	n := 0
+	var nShort, nLong, nMarks int
 	for _, l := range lists {
-		n += len(l.V6)
-	}
-	if n == 0 {
-		return
-	}
-	all := make([]entry6, 0, n)
-	for i, l := range lists {
 		for _, r := range l.V6 {
-			policy.Cover(r.Lo, r.Hi, 128, func(first policy.U128, length int) {
-				all = append(all, entry6{first, uint8(length), masks[i]})
+			policy.Cover(r.Lo, r.Hi, 128, func(_ policy.U128, length int) {
+				switch {
+				case length <= 24:
+					nMarks += 1 << (24 - length)
+				case length <= 64:
+					nShort++
+					nMarks++
+				default:
+					nLong++
+					nMarks++
+				}
 			})
 		}
 	}
-	all = closeOverAncestors(all)
-	var nShort, nLong, nMarks int
-	for _, e := range all {
-		switch {
-		case e.len <= 24:
-			nMarks += 1 << (24 - e.len)
-		case e.len <= 64:
-			nShort++
-			nMarks++
-		default:
-			nLong++
-			nMarks++
-		}
+	if nMarks == 0 {
+		return
 	}
-	short, long := make([]abi.V6Slot, 0, nShort), make([]abi.V6LongSlot, 0, nLong)
+	// Room for the tables: they are laid out in place.
+	short, long := make([]abi.V6Slot, 0, tableSlots(nShort, quadShape)), make([]abi.V6LongSlot, 0, tableSlots(nLong, pairShape))
 	marks := make([]blockMark, 0, nMarks)
-	for _, e := range all {
+	eachClosed(lists, masks, func(e entry6) {
 		cls := c.class(e.mask)
 		blk := uint32(e.first.Hi >> 40)
 		switch {
@@ -64,8 +60,7 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 			marks = append(marks, blockMark{blk, 0, e.len})
 			long = append(long, abi.V6LongSlot{Hi: e.first.Hi, Lo: e.first.Lo, Len: uint32(e.len), Cls: cls})
 		}
-	}
-	all = nil
+	})
 	// Marks grouped by block (address order mostly gives it already: only a
 	// prefix up to /24 spans blocks its descendants come back to).
 	byBlock := func(a, b blockMark) int { return cmp.Compare(a.blk, b.blk) }
@@ -78,7 +73,7 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 			nBlocks++
 		}
 	}
-	blocks := make([]abi.V6Block, 0, nBlocks)
+	blocks := make([]abi.V6Block, 0, tableSlots(nBlocks, pairShape))
 	baseLen := uint8(0) // the length of the prefix that gave the block its class
 	for _, m := range marks {
 		if n := len(blocks); n == 0 || blocks[n-1].Key != m.blk+1 {
@@ -99,12 +94,9 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 		}
 	}
 	marks = nil
-	t.V6Blocks, t.V6BlockMul = cuckooTable(blocks, func(s *abi.V6Block) uint32 { return s.Key }, pairShape,
-		func(b *abi.V6Bucket, i int) *abi.V6Block { return &b.Slot[i] })
-	t.V6Short, t.V6ShortMul = cuckooTable(short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, quadShape,
-		func(b *abi.V6ShortBucket, i int) *abi.V6Slot { return &b.Slot[i] })
-	t.V6Long, t.V6LongMul = cuckooTable(long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, pairShape,
-		func(b *abi.V6LongBucket, i int) *abi.V6LongSlot { return &b.Slot[i] })
+	t.V6Blocks, t.V6BlockMul = cuckooTable[abi.V6Bucket](blocks, func(s *abi.V6Block) uint32 { return s.Key }, pairShape)
+	t.V6Short, t.V6ShortMul = cuckooTable[abi.V6ShortBucket](short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, quadShape)
+	t.V6Long, t.V6LongMul = cuckooTable[abi.V6LongBucket](long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, pairShape)
 	t.V6HotLen = hotLength(short, long)
 }
 
@@ -144,40 +136,115 @@ type blockMark struct {
 	len uint8
 }
 
-// closeOverAncestors walks prefixes in address order, ancestors first, with
-// a stack of the prefixes containing the current one, in place. Each
-// list's cover is sorted already, so one list needs no sort.
-func closeOverAncestors(all []entry6) []entry6 {
-	order := func(a, b entry6) int {
-		if c := a.first.Cmp(b.first); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.len, b.len)
-	}
-	if !slices.IsSortedFunc(all, order) {
-		slices.SortFunc(all, order)
-	}
-	out := all[:0] // never ahead of i: the write never overtakes the read
+// eachClosed calls emit for the lists' prefixes in address order, ancestors
+// first, each with the union of its lists and its ancestors' (a prefix
+// adding nothing to its nearest ancestor is left out): a merge of the
+// lists' covers, each in order already, with a stack of the prefixes
+// containing the current one.
+func eachClosed(lists []*policy.List, masks []uint64, emit func(entry6)) {
 	var stack []entry6
-	for i := 0; i < len(all); {
-		e := all[i]
-		for i++; i < len(all) && all[i].first == e.first && all[i].len == e.len; i++ {
-			e.mask |= all[i].mask
-		}
+	closed := func(e entry6) {
 		for len(stack) > 0 && !stack[len(stack)-1].contains(e.first) {
 			stack = stack[:len(stack)-1]
 		}
 		if len(stack) > 0 {
 			parent := stack[len(stack)-1].mask
 			if e.mask|parent == parent {
-				continue
+				return
 			}
 			e.mask |= parent
 		}
 		stack = append(stack, e)
-		out = append(out, e)
+		emit(e)
 	}
-	return out
+	var m coverMerge
+	for i, l := range lists {
+		m.add(&coverStream{rs: l.V6, mask: masks[i]})
+	}
+	cur, ok := m.next()
+	for ok {
+		// The same prefix from several lists: one prefix of their union.
+		e, more := m.next()
+		for more && e.first == cur.first && e.len == cur.len {
+			cur.mask |= e.mask
+			e, more = m.next()
+		}
+		closed(cur)
+		cur, ok = e, more
+	}
+}
+
+// coverStream is one list's cover, a prefix at a time.
+type coverStream struct {
+	rs   []policy.Range6 // the ranges left; the first starts at lo
+	lo   policy.U128
+	mask uint64
+	head entry6 // the prefix next() gave last
+}
+
+func (s *coverStream) next() bool {
+	if len(s.rs) == 0 {
+		return false
+	}
+	if s.lo.Cmp(s.rs[0].Lo) < 0 {
+		s.lo = s.rs[0].Lo
+	}
+	length, last := policy.CoverStep(s.lo, s.rs[0].Hi, 128)
+	s.head = entry6{s.lo, uint8(length), s.mask}
+	if last.Cmp(s.rs[0].Hi) >= 0 {
+		s.rs = s.rs[1:]
+	} else {
+		s.lo = last.Add1()
+	}
+	return true
+}
+
+// coverMerge merges cover streams into one in address order, shorter
+// first: a binary heap of the streams by their heads.
+type coverMerge struct{ heap []*coverStream }
+
+func (m *coverMerge) add(s *coverStream) {
+	if !s.next() {
+		return
+	}
+	m.heap = append(m.heap, s)
+	for i := len(m.heap) - 1; i > 0 && m.less(i, (i-1)/2); i = (i - 1) / 2 {
+		m.heap[i], m.heap[(i-1)/2] = m.heap[(i-1)/2], m.heap[i]
+	}
+}
+
+func (m *coverMerge) less(i, j int) bool {
+	a, b := m.heap[i].head, m.heap[j].head
+	if c := a.first.Cmp(b.first); c != 0 {
+		return c < 0
+	}
+	return a.len < b.len
+}
+
+// next is the least head, the stream it came from moving on.
+func (m *coverMerge) next() (entry6, bool) {
+	if len(m.heap) == 0 {
+		return entry6{}, false
+	}
+	e := m.heap[0].head
+	if !m.heap[0].next() {
+		m.heap[0] = m.heap[len(m.heap)-1]
+		m.heap = m.heap[:len(m.heap)-1]
+	}
+	for i := 0; ; { // sift the new top down
+		least := i
+		if c := 2*i + 1; c < len(m.heap) && m.less(c, least) {
+			least = c
+		}
+		if c := 2*i + 2; c < len(m.heap) && m.less(c, least) {
+			least = c
+		}
+		if least == i {
+			return e, true
+		}
+		m.heap[i], m.heap[least] = m.heap[least], m.heap[i]
+		i = least
+	}
 }
 
 // digest6 is bpf/lists.h's v6_digest: the two must agree bit for bit.

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
@@ -83,18 +84,25 @@ func Memlock(m *ebpf.Map) uint64 {
 	return b
 }
 
-// writeArray copies bytes into an mmap-able array map in one go: far faster
-// than an update per element.
+// writeArray copies bytes into an mmap-able array map, far faster than an
+// update per element. It maps a window at a time and unmaps it at once,
+// rather than through cilium/ebpf's Map.Memory, which stays mapped while the
+// map is open: mapped, a list's tables would count in this process's memory
+// twice over (hundreds of MB for ten million prefixes) until the end.
 func writeArray(m *ebpf.Map, data []byte) error {
-	if len(data) == 0 {
-		return nil
+	const window = 64 << 20 // whole pages: mmap offsets are
+	for off := 0; off < len(data); off += window {
+		n := min(window, len(data)-off)
+		mem, err := unix.Mmap(m.FD(), int64(off), n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			return fmt.Errorf("%s: map its memory: %w", m, err)
+		}
+		copy(mem, data[off:off+n])
+		if err := unix.Munmap(mem); err != nil {
+			return fmt.Errorf("%s: unmap its memory: %w", m, err)
+		}
 	}
-	mem, err := m.Memory()
-	if err != nil {
-		return fmt.Errorf("%s: %w", m, err)
-	}
-	_, err = mem.WriteAt(data, 0)
-	return err
+	return nil
 }
 
 // putOverlay writes overlay entries (an LPM trie: no batch updates).

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,7 +40,13 @@ func Load(path string, opt Options) (*Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read policy %s: %w", path, err)
 	}
-	return parse(path, data, opt)
+	pol, err := parse(path, data, opt)
+	// Reading list files leaves garbage as large as the lists (each CPU's
+	// section of a file before the sections merge). Collected now, it does
+	// not set the heap goal of what comes next, the tables' build: peak
+	// memory for ten million IPv6 prefixes falls by a third.
+	runtime.GC()
+	return pol, err
 }
 
 // Parse validates policy text; path names it in errors and anchors list files.

@@ -80,18 +80,23 @@ func PrefixRange6(p netip.Prefix) Range6 {
 // bits-wide space (32 or 128), each as its first address and length.
 func Cover(lo, hi U128, width int, emit func(first U128, length int)) {
 	for {
-		// The largest block aligned at lo that ends by hi.
-		size := min(lo.trailingZeros(), width)
-		for size > 0 && lo.Or(LowMask(size)).Cmp(hi) > 0 {
-			size--
-		}
-		emit(lo, width-size)
-		last := lo.Or(LowMask(size))
+		length, last := CoverStep(lo, hi, width)
+		emit(lo, length)
 		if last.Cmp(hi) >= 0 {
 			return
 		}
 		lo = last.Add1()
 	}
+}
+
+// CoverStep is Cover's first prefix of [lo, hi]: the largest block aligned
+// at lo that ends by hi, as its length and last address.
+func CoverStep(lo, hi U128, width int) (length int, last U128) {
+	size := min(lo.trailingZeros(), width)
+	for size > 0 && lo.Or(LowMask(size)).Cmp(hi) > 0 {
+		size--
+	}
+	return width - size, lo.Or(LowMask(size))
 }
 
 // MergeRanges6 sorts ranges and merges overlapping and adjacent ones, in
