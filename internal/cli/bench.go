@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,10 +15,10 @@ import (
 
 func benchCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
-		Use:   "bench lookup|rules",
+		Use:   "bench lookup|rules|apply",
 		Short: "Measure the data plane, side by side in one run",
 	}
-	c.AddCommand(benchLookupCmd(g), benchRulesCmd(g), benchProxyCmd(g))
+	c.AddCommand(benchLookupCmd(g), benchRulesCmd(g), benchApplyCmd(g), benchProxyCmd(g))
 	return c
 }
 
@@ -49,14 +50,9 @@ bytes.`,
 		Example: "  rampart bench rules --family 4\n  rampart bench rules --rules 10,256,10000,100000 --family 4",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			fams, err := intList(families, "--family")
+			fams, err := familyList(families)
 			if err != nil {
 				return err
-			}
-			for _, f := range fams {
-				if f != 4 && f != 6 {
-					return fmt.Errorf("--family %d: use 4, 6 or 4,6", f)
-				}
 			}
 			if repeat < 1 || runs < 1 {
 				return fmt.Errorf("--repeat and --runs must be at least 1")
@@ -169,13 +165,8 @@ listed (addresses inside listed prefixes, as a flood from listed sources).`,
 			if large {
 				o.Sizes = append(o.Sizes, 50_000_000, 100_000_000)
 			}
-			if o.Families, err = intList(families, "--family"); err != nil {
+			if o.Families, err = familyList(families); err != nil {
 				return err
-			}
-			for _, f := range o.Families {
-				if f != 4 && f != 6 {
-					return fmt.Errorf("--family %d: use 4, 6 or 4,6", f)
-				}
 			}
 			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks); err != nil {
 				return err
@@ -214,6 +205,95 @@ listed (addresses inside listed prefixes, as a flood from listed sources).`,
 	f.IntVar(&o.Runs, "runs", 5, "runs per measurement (the median is reported)")
 	f.BoolVar(&o.NoKernelLPM, "no-kernel-lpm", false, "leave out the kernel's LPM trie (it takes minutes to load past 10M prefixes)")
 	return c
+}
+
+func benchApplyCmd(g *globals) *cobra.Command {
+	var (
+		sizes, mixes, families string
+		o                      = bench.ApplyOptions{}
+	)
+	c := &cobra.Command{
+		Use:   "apply [--sizes 1000000,10000000] [--mix random32,networks] [--family 4,6] [--runs 3]",
+		Short: "Time and peak memory of rampart check and rampart apply on big lists",
+		Long: `apply writes, for every family, mix and size, a list file of the mix's
+prefixes (the mixes of bench lookup: random32 is all hosts, /32 or /128;
+networks is a reputation list of networks) and a policy dropping them, then
+runs 'rampart check' (read the list, build the tables) and 'rampart apply'
+(that, and load them into the kernel, on a veth in a namespace of its own,
+on pins and state of the run's own) as child processes, --runs times each.
+It reports the median wall time with min-max and the largest peak resident
+memory of the runs (the process's, from getrusage), beside the list file's
+size and the tables' kernel memory.`,
+		Example: "  rampart bench apply --sizes 10000000 --mix random32 --family 6",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if os.Geteuid() != 0 {
+				return fmt.Errorf("bench apply needs root: it creates a network namespace and loads BPF programs (run it with sudo)")
+			}
+			var err error
+			if o.Sizes, err = intList(sizes, "--sizes"); err != nil {
+				return err
+			}
+			if o.Families, err = familyList(families); err != nil {
+				return err
+			}
+			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks); err != nil {
+				return err
+			}
+			if o.Runs < 1 {
+				return fmt.Errorf("--runs %d: must be at least 1", o.Runs)
+			}
+			if o.Exe, err = os.Executable(); err != nil {
+				return fmt.Errorf("bench apply runs this rampart binary and cannot find it: %w", err)
+			}
+			if o.Dir, err = os.MkdirTemp("", "rampart-bench-apply-"); err != nil {
+				return err
+			}
+			defer os.RemoveAll(o.Dir)
+			progress, clear := g.progressLine()
+			o.Progress = progress
+			res, err := bench.ApplyCost(o)
+			clear()
+			if err != nil {
+				return fmt.Errorf("bench apply: %w", err)
+			}
+			if g.json {
+				return g.printJSON(map[string]any{"runs": o.Runs, "results": res})
+			}
+			rows := [][]string{{"FAMILY", "MIX", "SIZE", "FILE MB", "TABLES MB", "STEP", "SECONDS", "MIN-MAX", "PEAK RSS MB"}}
+			for _, r := range res {
+				secs, mm, rss := "failed: "+r.Error, "-", "-"
+				if r.Error == "" {
+					secs, mm, rss = fmt.Sprintf("%.2f", r.Seconds), fmt.Sprintf("%.2f-%.2f", r.SecondsMin, r.SecondsMax), strconv.FormatInt(r.PeakRSS>>20, 10)
+				}
+				rows = append(rows, []string{fmt.Sprintf("IPv%d", r.Family), r.Mix, strconv.Itoa(r.Size), strconv.FormatInt(r.FileBytes>>20, 10),
+					strconv.FormatUint(r.TableBytes>>20, 10), r.Step, secs, mm, rss})
+			}
+			g.table(rows)
+			fmt.Fprintf(g.env.Stdout, "seconds: median of %d runs of the command, each a process of its own; peak RSS: the largest of them.\n", o.Runs)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&sizes, "sizes", "1000000,10000000", "list sizes, comma-separated")
+	f.StringVar(&mixes, "mix", "random32,networks", "prefix mixes: egress, random32, networks")
+	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
+	f.IntVar(&o.Runs, "runs", 3, "runs of each command (the median is reported)")
+	return c
+}
+
+// familyList reads the bench commands' --family: 4, 6 or 4,6.
+func familyList(s string) ([]int, error) {
+	fams, err := intList(s, "--family")
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range fams {
+		if f != 4 && f != 6 {
+			return nil, fmt.Errorf("--family %d: use 4, 6 or 4,6", f)
+		}
+	}
+	return fams, nil
 }
 
 func intList(s, flag string) ([]int, error) {

@@ -2,6 +2,8 @@ package cli_test
 
 import (
 	"math"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -125,5 +127,48 @@ func TestBenchProxyAlias(t *testing.T) {
 	}
 	if !strings.Contains(old, "kept for one release") {
 		t.Errorf("bench proxy's help does not say it is kept for one release:\n%s", old)
+	}
+}
+
+// TestBenchApply runs bench apply on small lists: a check and an apply row
+// for every family and mix, each timed and with its process's peak memory,
+// and nothing of the run left behind (its namespace, its pins).
+func TestBenchApply(t *testing.T) {
+	testutil.Privileged(t)
+	t.Setenv("RAMPART_TEST_AS_CLI", "1") // the children are this binary, as the CLI
+	var out struct {
+		Results []struct {
+			Step       string  `json:"step"`
+			Family     int     `json:"family"`
+			Mix        string  `json:"mix"`
+			Size       int     `json:"size"`
+			FileBytes  int64   `json:"file_bytes"`
+			TableBytes uint64  `json:"table_bytes"`
+			Seconds    float64 `json:"seconds"`
+			SecondsMin float64 `json:"seconds_min"`
+			SecondsMax float64 `json:"seconds_max"`
+			PeakRSS    int64   `json:"peak_rss_bytes"`
+			Error      string  `json:"error"`
+		} `json:"results"`
+	}
+	jsonOf(t, &out, "bench", "apply", "--sizes", "20000", "--mix", "random32,networks", "--family", "4,6", "--runs", "2")
+	if len(out.Results) != 2*2*2 {
+		t.Fatalf("%d results, want 8: %+v", len(out.Results), out.Results)
+	}
+	for i, r := range out.Results {
+		want := []string{"check", "apply"}[i%2]
+		if r.Step != want || r.Family != []int{4, 6}[i/4] || r.Mix != []string{"random32", "networks"}[i/2%2] || r.Size != 20000 || r.Error != "" {
+			t.Errorf("result %d: %+v, want step %s", i, r, want)
+		}
+		if r.FileBytes < 20000*8 || r.TableBytes == 0 || r.PeakRSS < 1<<20 ||
+			r.SecondsMin <= 0 || r.SecondsMin > r.Seconds || r.Seconds > r.SecondsMax {
+			t.Errorf("result %d without its sizes or times: %+v", i, r)
+		}
+	}
+	if ns, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(ns), "rampart-bench-") {
+		t.Errorf("bench apply left its namespace:\n%s", ns)
+	}
+	if pins, _ := filepath.Glob("/sys/fs/bpf/rampart-bench-*"); len(pins) > 0 {
+		t.Errorf("bench apply left its pins: %v", pins)
 	}
 }
