@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"math/bits"
 	"net/netip"
+	"runtime"
 	"slices"
+	"sync"
 )
 
 // U128 is an IPv6 address as a number.
@@ -131,29 +133,53 @@ func sortRanges6(rs []Range6) {
 		return
 	}
 	// A radix sort on the high 64 bits, then runs of equal high bits (rare
-	// but for /128s in one /64) by the low ones.
+	// but for /128s in one /64) by the low ones. Each pass counts and
+	// scatters a part of the ranges per CPU; a part's ranges of one digit
+	// go after those of the parts before it, so the sort stays stable.
 	digit := func(r Range6, d int) int { return int(r.Lo.Hi>>(16*d)) & 0xffff }
+	parts := min(runtime.GOMAXPROCS(0), 8)
+	part := func(p int, s []Range6) []Range6 { return s[p*len(s)/parts : (p+1)*len(s)/parts] }
+	count := make([][1 << 16]int, parts)
 	tmp := make([]Range6, len(rs))
 	src, dst := rs, tmp
+	var wg sync.WaitGroup
+	each := func(f func(p int)) {
+		for p := range parts {
+			wg.Go(func() { f(p) })
+		}
+		wg.Wait()
+	}
 	for d := 0; d < 4; d++ {
-		var count [1<<16 + 1]int
-		first, same := digit(src[0], d), true
-		for _, r := range src {
-			k := digit(r, d)
-			count[k+1]++
-			same = same && k == first
+		each(func(p int) {
+			c := &count[p]
+			clear(c[:])
+			for _, r := range part(p, src) {
+				c[digit(r, d)]++
+			}
+		})
+		// Where each part's ranges of each digit start; a digit all ranges
+		// share leaves them where they are.
+		at := 0
+		same := false
+		for k := range 1 << 16 {
+			for p := range parts {
+				n := count[p][k]
+				same = same || n == len(src)
+				count[p][k] = at
+				at += n
+			}
 		}
 		if same {
 			continue
 		}
-		for i := 1; i < len(count); i++ {
-			count[i] += count[i-1]
-		}
-		for _, r := range src {
-			k := digit(r, d)
-			dst[count[k]] = r
-			count[k]++
-		}
+		each(func(p int) {
+			c := &count[p]
+			for _, r := range part(p, src) {
+				k := digit(r, d)
+				dst[c[k]] = r
+				c[k]++
+			}
+		})
 		src, dst = dst, src
 	}
 	if &src[0] != &rs[0] {
