@@ -284,3 +284,28 @@ func TestCuckooInPlace(t *testing.T) {
 		}
 	}
 }
+
+// TestHotLength: the hot length is the one most IPv6 prefixes past /24
+// have, however the tables lay them out.
+func TestHotLength(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	var ps []netip.Prefix
+	for i := range 20_000 {
+		length := []int{40, 48, 56, 60, 128}[i%5] // a fifth each...
+		if i%20 == 0 {
+			length = 32 // ...and one more in twenty /32
+		}
+		ps = append(ps, netip.PrefixFrom(policy.U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}.Addr(), length).Masked())
+	}
+	for _, want := range []uint32{40, 48, 56, 60, 128} {
+		// Half as many more of one length makes it the hot one.
+		more := slices.Clone(ps)
+		for range 2_000 {
+			more = append(more, netip.PrefixFrom(policy.U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}.Addr(), int(want)).Masked())
+		}
+		tb := BuildTables([]*policy.List{policy.NewList("l", more)}, []uint64{1})
+		if tb.V6HotLen != want {
+			t.Errorf("hot length %d, want /%d", tb.V6HotLen, want)
+		}
+	}
+}

@@ -94,10 +94,10 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 		}
 	}
 	marks = nil
+	t.V6HotLen = hotLength(short, long) // before the tables take the slices' memory
 	t.V6Blocks, t.V6BlockMul = cuckooTable[abi.V6Bucket](blocks, func(s *abi.V6Block) uint32 { return s.Key }, pairShape)
 	t.V6Short, t.V6ShortMul = cuckooTable[abi.V6ShortBucket](short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, quadShape)
 	t.V6Long, t.V6LongMul = cuckooTable[abi.V6LongBucket](long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, pairShape)
-	t.V6HotLen = hotLength(short, long)
 }
 
 // hotLength is the length most prefixes past /24 have.
