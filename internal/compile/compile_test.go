@@ -309,3 +309,44 @@ func TestHotLength(t *testing.T) {
 		}
 	}
 }
+
+// TestV6WideAndNarrow: a block that prefixes up to /24 give a class and
+// longer prefixes mark lengths in is one block with both; the longest
+// prefix up to /24 gives its class.
+func TestV6WideAndNarrow(t *testing.T) {
+	lists := []*policy.List{
+		policy.NewList("w16", []netip.Prefix{netip.MustParsePrefix("2001::/16")}),
+		policy.NewList("w20", []netip.Prefix{netip.MustParsePrefix("2001::/20")}),
+		policy.NewList("narrow", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("2001:db9::1/128"),
+			netip.MustParsePrefix("2001:1234::/32")}),
+	}
+	tb := BuildTables(lists, []uint64{1, 2, 4})
+	blocks := map[uint32]abi.V6Block{}
+	for _, b := range tb.V6Blocks {
+		for _, s := range b.Slot {
+			if s.Key != 0 {
+				if _, dup := blocks[s.Key-1]; dup {
+					t.Fatalf("block %06x twice", s.Key-1)
+				}
+				blocks[s.Key-1] = s
+			}
+		}
+	}
+	if len(blocks) != 256 { // the /16's; the /20's and the /32s' are among them
+		t.Errorf("%d blocks, want 256", len(blocks))
+	}
+	db, other := blocks[0x20010d], blocks[0x200112]
+	if db.ShortLens != 1<<(32-abi.V6ShortMin) || db.LongLens != 1<<(128-abi.V6LongMin) || other.ShortLens != 1<<(32-abi.V6ShortMin) || other.LongLens != 0 {
+		t.Errorf("lengths: 2001:0d %+v, 2001:12 %+v", db, other)
+	}
+	if db.Base != blocks[0x200100].Base || other.Base != blocks[0x2001ff].Base || db.Base == other.Base {
+		t.Errorf("classes: 2001:0d %d and 2001:00 %d (the /20), 2001:12 %d and 2001:ff %d (the /16)",
+			db.Base, blocks[0x200100].Base, other.Base, blocks[0x2001ff].Base)
+	}
+	for addr, want := range map[string]uint64{"2001:db8::1": 7, "2001:d00::1": 3, "2001:1234::5": 5, "2001:ff::": 3, "2001:f000::": 1,
+		"2001:db9::1": 7, "2001:db9::2": 3, "2002::": 0} {
+		if got := tb.Lookup(netip.MustParseAddr(addr), nil); got != want {
+			t.Errorf("%s: lists %03b, want %03b", addr, got, want)
+		}
+	}
+}

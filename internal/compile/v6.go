@@ -3,6 +3,7 @@ package compile
 import (
 	"cmp"
 	"net/netip"
+	"runtime/debug"
 	"slices"
 
 	"github.com/rampart-fw/rampart/internal/abi"
@@ -22,78 +23,63 @@ import (
 // never held all at once: a first pass counts them by kind, so each table's
 // entries are allocated once (ten million prefixes are hundreds of MB).
 func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
-	var nShort, nLong, nMarks int
+	var nShort, nLong, nWide int
 	for _, l := range lists {
 		for _, r := range l.V6 {
 			policy.Cover(r.Lo, r.Hi, 128, func(_ policy.U128, length int) {
 				switch {
 				case length <= 24:
-					nMarks += 1 << (24 - length)
+					nWide += 1 << (24 - length)
 				case length <= 64:
 					nShort++
-					nMarks++
 				default:
 					nLong++
-					nMarks++
 				}
 			})
 		}
 	}
-	if nMarks == 0 {
+	if nShort+nLong+nWide == 0 {
 		return
 	}
+	// The build's garbage (a cuckoo table's placement, the blocks in
+	// growth) comes in pieces of tens of MB beside a live set of hundreds
+	// (the lists' ranges, the tables): at the default GOGC the heap would
+	// grow to twice that live set before a collection. Ten percent keeps
+	// the peak near the live set itself (ten million /128s: 1.5 GB -> 1.15
+	// GB), and the heap is nearly all pointer-free, so that each collection
+	// costs little.
+	defer debug.SetGCPercent(debug.SetGCPercent(10))
 	// Room for the tables: they are laid out in place.
 	short, long := make([]abi.V6Slot, 0, tableSlots(nShort, quadShape)), make([]abi.V6LongSlot, 0, tableSlots(nLong, pairShape))
-	marks := make([]blockMark, 0, nMarks)
+	// Prefixes past /24 come in address order, so their blocks do too: each
+	// marks its length in the last block. A prefix up to /24 gives its class
+	// to every block it covers, which its descendants come back to: those
+	// marks are kept aside and merged in.
+	var lens []abi.V6Block
+	wide := make([]blockMark, 0, nWide)
 	eachClosed(lists, masks, func(e entry6) {
 		cls := c.class(e.mask)
 		blk := uint32(e.first.Hi >> 40)
-		switch {
-		case e.len <= 24:
+		if e.len <= 24 {
 			for b := blk; b <= blk|(1<<(24-e.len)-1); b++ {
-				marks = append(marks, blockMark{b, cls, e.len})
+				wide = append(wide, blockMark{b, cls, e.len})
 			}
-		case e.len <= 64:
-			marks = append(marks, blockMark{blk, 0, e.len})
+			return
+		}
+		if n := len(lens); n == 0 || lens[n-1].Key != blk+1 {
+			lens = append(lens, abi.V6Block{Key: blk + 1})
+		}
+		b := &lens[len(lens)-1]
+		if e.len <= 64 {
+			b.ShortLens |= 1 << (e.len - abi.V6ShortMin)
 			short = append(short, abi.V6Slot{Key: e.first.Hi, Len: uint32(e.len), Cls: cls})
-		default:
-			marks = append(marks, blockMark{blk, 0, e.len})
+		} else {
+			b.LongLens |= 1 << (e.len - abi.V6LongMin)
 			long = append(long, abi.V6LongSlot{Hi: e.first.Hi, Lo: e.first.Lo, Len: uint32(e.len), Cls: cls})
 		}
 	})
-	// Marks grouped by block (address order mostly gives it already: only a
-	// prefix up to /24 spans blocks its descendants come back to).
-	byBlock := func(a, b blockMark) int { return cmp.Compare(a.blk, b.blk) }
-	if !slices.IsSortedFunc(marks, byBlock) {
-		slices.SortFunc(marks, byBlock)
-	}
-	nBlocks := 0
-	for i, m := range marks {
-		if i == 0 || m.blk != marks[i-1].blk {
-			nBlocks++
-		}
-	}
-	blocks := make([]abi.V6Block, 0, tableSlots(nBlocks, pairShape))
-	baseLen := uint8(0) // the length of the prefix that gave the block its class
-	for _, m := range marks {
-		if n := len(blocks); n == 0 || blocks[n-1].Key != m.blk+1 {
-			blocks = append(blocks, abi.V6Block{Key: m.blk + 1})
-			baseLen = 0
-		}
-		b := &blocks[len(blocks)-1]
-		switch {
-		case m.len <= 24:
-			// The longest prefix up to /24 holding the block gives its class.
-			if m.len >= baseLen {
-				b.Base, baseLen = m.cls, m.len
-			}
-		case m.len <= 64:
-			b.ShortLens |= 1 << (m.len - abi.V6ShortMin)
-		default:
-			b.LongLens |= 1 << (m.len - abi.V6LongMin)
-		}
-	}
-	marks = nil
+	blocks := mergeBlocks(lens, wide)
+	lens, wide = nil, nil
 	t.V6HotLen = hotLength(short, long) // before the tables take the slices' memory
 	t.V6Blocks, t.V6BlockMul = cuckooTable[abi.V6Bucket](blocks, func(s *abi.V6Block) uint32 { return s.Key }, pairShape)
 	t.V6Short, t.V6ShortMul = cuckooTable[abi.V6ShortBucket](short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, quadShape)
@@ -116,6 +102,33 @@ func hotLength(short []abi.V6Slot, long []abi.V6LongSlot) uint32 {
 		}
 	}
 	return uint32(hot)
+}
+
+// mergeBlocks gives the blocks of prefixes past /24 (in order) the classes
+// of the prefixes up to /24 covering them, and adds the blocks those cover
+// alone: the longest such prefix holding a block gives its class.
+func mergeBlocks(lens []abi.V6Block, wide []blockMark) []abi.V6Block {
+	slices.SortFunc(wide, func(a, b blockMark) int {
+		if c := cmp.Compare(a.blk, b.blk); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.len, b.len)
+	})
+	blocks := make([]abi.V6Block, 0, tableSlots(len(lens)+len(wide), pairShape))
+	for len(lens) > 0 || len(wide) > 0 {
+		var b abi.V6Block
+		switch {
+		case len(wide) == 0 || len(lens) > 0 && lens[0].Key <= wide[0].blk+1:
+			b, lens = lens[0], lens[1:]
+		default:
+			b.Key = wide[0].blk + 1
+		}
+		for len(wide) > 0 && wide[0].blk+1 == b.Key {
+			b.Base, wide = wide[0].cls, wide[1:] // the longest comes last
+		}
+		blocks = append(blocks, b)
+	}
+	return blocks
 }
 
 // entry6 is a prefix (its first address and length) and its list mask.

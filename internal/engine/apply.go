@@ -151,13 +151,17 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	if err := datapath.CheckCap(img.KernelBytes(), fw.maxTableBytes); err != nil {
 		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 	}
+	// Hashing the image reads all its tables (hundreds of MB for lists of
+	// millions): it overlaps the kernel's loading of them.
+	hash := make(chan string, 1)
+	go func() { hash <- img.Hash() }()
 	objs, err := datapath.Load(img)
 	if err != nil {
 		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 	}
 	defer objs.Close()
 
-	meta := describe(pol, img)
+	meta := describe(pol, img, <-hash)
 	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
@@ -199,13 +203,14 @@ func (fw *Firewall) inNetns() string {
 	return " in network namespace " + fw.netns
 }
 
-// describe is the description every hook's new generation starts from.
-func describe(pol *policy.Policy, img *compile.Image) generation {
+// describe is the description every hook's new generation starts from;
+// hash is img's.
+func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 	file, err := filepath.Abs(pol.File)
 	if err != nil {
 		file = pol.File
 	}
-	g := generation{PolicyFile: file, PolicyHash: img.Hash(), Default: pol.Default.String(),
+	g := generation{PolicyFile: file, PolicyHash: hash, Default: pol.Default.String(),
 		Unparsed: pol.Unparsed.String(), Malformed: pol.MalformedAction().String(), Lists: map[string]ListInfo{}}
 	for _, r := range pol.Rules {
 		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
