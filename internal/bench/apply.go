@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,11 +129,14 @@ func writeListPolicy(dir string, fam int, mix string, size int) (string, int64, 
 	}
 	defer f.Close()
 	w := bufio.NewWriterSize(f, 1<<20)
+	// One prefix at a time: this process's memory stays small, and its
+	// children's peak RSS starts from it (Go starts them on its own
+	// memory, and the kernel counts that in their maximum).
 	var line []byte
-	for _, p := range Prefixes(fam, mix, size) {
+	eachPrefix(fam, mix, size, func(p netip.Prefix) {
 		line = append(p.AppendTo(line[:0]), '\n')
 		w.Write(line)
-	}
+	})
 	if err := w.Flush(); err != nil {
 		return "", 0, err
 	}

@@ -432,12 +432,17 @@ func lengths(fam int, mix string, i int, rng *rand.Rand) int {
 // Prefixes draws size prefixes of the mix, deterministically: IPv4 anywhere,
 // IPv6 in 2000::/3.
 func Prefixes(fam int, mix string, size int) []netip.Prefix {
-	rng := rand.New(rand.NewPCG(uint64(fam), uint64(size)))
-	out := make([]netip.Prefix, size)
-	for i := range out {
-		out[i] = netip.PrefixFrom(randomAddr(fam, rng), lengths(fam, mix, i, rng)).Masked()
-	}
+	out := make([]netip.Prefix, 0, size)
+	eachPrefix(fam, mix, size, func(p netip.Prefix) { out = append(out, p) })
 	return out
+}
+
+// eachPrefix gives Prefixes' prefixes one at a time.
+func eachPrefix(fam int, mix string, size int, yield func(netip.Prefix)) {
+	rng := rand.New(rand.NewPCG(uint64(fam), uint64(size)))
+	for i := range size {
+		yield(netip.PrefixFrom(randomAddr(fam, rng), lengths(fam, mix, i, rng)).Masked())
+	}
 }
 
 func randomAddr(fam int, rng *rand.Rand) netip.Addr {

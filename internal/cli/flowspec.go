@@ -51,10 +51,10 @@ func (g *globals) printFlowSpec(s *serve.FlowSpecShow) error {
 		fmt.Fprintln(out, "the service's policy has no flowspec: section")
 		return nil
 	}
-	rows := [][]string{{"NEIGHBOR", "AS", "SESSION", "ROUTES", "MAX", "LOST"}}
+	rows := [][]string{{"NEIGHBOR", "AS", "SESSION", "ROUTES", "WAITING", "MAX", "LOST"}}
 	for _, n := range s.Neighbors {
 		rows = append(rows, []string{n.Address, strconv.FormatUint(uint64(n.PeerAS), 10), map[bool]string{true: "up", false: "down"}[n.Up],
-			strconv.Itoa(n.Routes), strconv.Itoa(n.Max), strconv.FormatUint(n.Flaps, 10)})
+			strconv.Itoa(n.Routes), strconv.Itoa(n.Waiting), strconv.Itoa(n.Max), strconv.FormatUint(n.Flaps, 10)})
 	}
 	g.table(rows)
 	fmt.Fprintln(out)

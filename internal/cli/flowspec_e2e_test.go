@@ -226,13 +226,44 @@ func TestFlowSpec(t *testing.T) {
 	within(t, "the withdrawn route lifted", 10*time.Second, func() bool { return arrive(9500, 20) == 20 })
 
 	// max_routes 8: of 10 more routes, the neighbor's count stops at 8,
-	// the rest are refused and counted, the session stays up.
+	// the rest are refused and counted, and wait; the session stays up.
 	for i := range 10 {
 		bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", fmt.Sprintf("203.0.113.%d/32", i), "then", "discard")
 	}
+	var capped serve.FlowSpecShow
+	held := map[string]bool{}
 	within(t, "the route cap held", 10*time.Second, func() bool {
+		capped = flowspecShow(t, p.NsB)
+		clear(held)
+		for _, r := range capped.Routes {
+			if strings.Contains(r.Match, "203.0.113.") && r.State == "installed" {
+				held[r.Match] = true
+			}
+		}
+		n := capped.Neighbors[0]
+		return n.Routes == 8 && len(held)+n.Waiting == 10 && n.Waiting >= 5 && capped.Refused["max-routes"] >= 5 && n.Up
+	})
+	// A held route withdrawn makes room: the first waiting one is taken
+	// and installed.
+	var gone string
+	for i := range 10 {
+		if gone == "" && routeByMatch(capped, fmt.Sprintf("203.0.113.%d/32", i)) != nil {
+			gone = fmt.Sprintf("203.0.113.%d/32", i)
+		}
+	}
+	if gone == "" {
+		t.Fatalf("none of the 10 routes held at the cap: %+v", capped.Routes)
+	}
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "del", "match", "destination", gone)
+	within(t, "a waiting route taken when a held one was withdrawn", 10*time.Second, func() bool {
 		s := flowspecShow(t, p.NsB)
-		return s.Neighbors[0].Routes == 8 && s.Refused["max-routes"] >= 5 && s.Neighbors[0].Up
+		taken := 0
+		for _, r := range s.Routes {
+			if strings.Contains(r.Match, "203.0.113.") && r.State == "installed" && !held[r.Match] {
+				taken++
+			}
+		}
+		return s.Neighbors[0].Routes == 8 && s.Neighbors[0].Waiting == capped.Neighbors[0].Waiting-1 && taken == 1
 	})
 	for i := range 10 {
 		bgp.run("global", "rib", "-a", "ipv4-flowspec", "del", "match", "destination", fmt.Sprintf("203.0.113.%d/32", i))

@@ -70,6 +70,9 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 		f.next = nil
 		return nil
 	}
+	for _, nb := range c.Neighbors {
+		f.table.Limit(nb.Address, nb.MaxRoutes) // a higher max_routes takes what waits
+	}
 	if f.speaker == nil {
 		sp, err := flowspec.Start(c, d.fw.Netns(), d.log, d.flowspecEvents)
 		switch {
@@ -122,7 +125,8 @@ func (d *Daemon) flowspecEvents(evs []flowspec.Event) {
 			if f.table.Announce(ev.Neighbor, ev.Route, ev.NLRI, ev.Action, nb.MaxRoutes, now) {
 				f.owe(now)
 			} else {
-				d.log.Warn("flowspec: route refused: the neighbor is at its max_routes", "neighbor", ev.Neighbor, "max_routes", nb.MaxRoutes, "route", ev.Route.String())
+				d.log.Warn("flowspec: route refused: the neighbor is at its max_routes; it is taken when the neighbor's routes make room (up to max_routes wait)",
+					"neighbor", ev.Neighbor, "max_routes", nb.MaxRoutes, "waiting", f.table.Waiting(ev.Neighbor), "route", ev.Route.String())
 			}
 		case flowspec.Withdrawn:
 			f.updates["withdraw"]++
@@ -264,6 +268,7 @@ type FlowSpecNeighbor struct {
 	PeerAS   uint32 `json:"peer_as"`
 	Up       bool   `json:"up"`
 	Routes   int    `json:"routes"`
+	Waiting  int    `json:"waiting"` // refused at max_routes, taken as room is made
 	Max      int    `json:"max_routes"`
 	Flaps    uint64 `json:"sessions_lost"`
 	HoldTime string `json:"hold_time"`
@@ -293,7 +298,7 @@ func (d *Daemon) flowspecShow(rows []stats.Row) FlowSpecShow {
 	}
 	for _, nb := range f.cfg.Neighbors {
 		out.Neighbors = append(out.Neighbors, FlowSpecNeighbor{Address: nb.Address.String(), PeerAS: nb.PeerAS, Up: f.sessions[nb.Address],
-			Routes: f.table.Len(nb.Address), Max: nb.MaxRoutes, Flaps: f.flaps[nb.Address], HoldTime: nb.HoldTime.String()})
+			Routes: f.table.Len(nb.Address), Waiting: f.table.Waiting(nb.Address), Max: nb.MaxRoutes, Flaps: f.flaps[nb.Address], HoldTime: nb.HoldTime.String()})
 	}
 	counts := routeCounters(rows)
 	for _, e := range f.placed {
@@ -309,26 +314,22 @@ func (d *Daemon) flowspecShow(rows []stats.Row) FlowSpecShow {
 	return out
 }
 
-// routeCounters sums the kernel's rule counters by the route a rule came
-// from (flowspec/HASH and its variants flowspec/HASH/N).
+// routeCounters is the kernel's counters of each route's rule
+// (flowspec/HASH), summed over the rows the kernel gives for it.
 func routeCounters(rows []stats.Row) map[string][3]uint64 {
 	out := map[string][3]uint64{}
 	for _, r := range rows {
 		if r.Kind != "rule" || !strings.HasPrefix(r.Name, "flowspec/") {
 			continue
 		}
-		name := r.Name
-		if i := strings.LastIndexByte(name, '/'); i > len("flowspec") {
-			name = name[:i]
-		}
-		c := out[name]
-		out[name] = [3]uint64{c[0] + r.Packets, c[1] + r.Bytes, c[2] + r.Over}
+		c := out[r.Name]
+		out[r.Name] = [3]uint64{c[0] + r.Packets, c[1] + r.Bytes, c[2] + r.Over}
 	}
 	return out
 }
 
 var (
-	descFSRoutes    = prometheus.NewDesc("rampart_flowspec_routes", "FlowSpec routes held, by what became of them (installed, unsupported, never-matches, shadowed, no-room).", []string{"state"}, nil)
+	descFSRoutes    = prometheus.NewDesc("rampart_flowspec_routes", "FlowSpec routes held, by what became of them (installed, unsupported, never-matches, shadowed, no-room), and those waiting for room under a neighbor's max_routes (waiting).", []string{"state"}, nil)
 	descFSSession   = prometheus.NewDesc("rampart_flowspec_session_up", "1 while the BGP session with a neighbor is established.", []string{"neighbor"}, nil)
 	descFSFlaps     = prometheus.NewDesc("rampart_flowspec_sessions_lost_total", "BGP sessions with a neighbor that were lost.", []string{"neighbor"}, nil)
 	descFSUpdates   = prometheus.NewDesc("rampart_flowspec_updates_total", "FlowSpec routes announced and withdrawn by the neighbors.", []string{"kind"}, nil)
@@ -354,6 +355,9 @@ func (f *fsFeed) collect(ch chan<- prometheus.Metric, rows []stats.Row) {
 			ch <- prometheus.MustNewConstMetric(descFSPackets, prometheus.CounterValue, float64(c[0]), e.Name, e.Action.Kind.String())
 			ch <- prometheus.MustNewConstMetric(descFSBytes, prometheus.CounterValue, float64(c[1]), e.Name, e.Action.Kind.String())
 		}
+	}
+	for _, nb := range f.cfg.Neighbors {
+		states["waiting"] += f.table.Waiting(nb.Address)
 	}
 	for s, n := range states {
 		ch <- prometheus.MustNewConstMetric(descFSRoutes, prometheus.GaugeValue, float64(n), s)

@@ -41,13 +41,26 @@ const (
 // use.
 type Table struct {
 	routes map[netip.Addr]map[string]*Entry
+	// waiting holds, per neighbor, routes refused at its max_routes (as
+	// many more as max_routes), in the order they came: the neighbor still
+	// announces them, and will not send them again, so they are taken as
+	// room is made.
+	waiting map[netip.Addr]*queue
+	max     map[netip.Addr]int
 	// Refused counts routes not taken, by reason (max-routes).
 	Refused map[string]uint64
 }
 
+// queue is routes in the order they came.
+type queue struct {
+	order []string // keys; a key no longer in byKey was withdrawn
+	byKey map[string]*Entry
+}
+
 // NewTable returns an empty table.
 func NewTable() *Table {
-	return &Table{routes: map[netip.Addr]map[string]*Entry{}, Refused: map[string]uint64{}}
+	return &Table{routes: map[netip.Addr]map[string]*Entry{}, waiting: map[netip.Addr]*queue{}, max: map[netip.Addr]int{},
+		Refused: map[string]uint64{}}
 }
 
 // RouteName names a route's rules by its NLRI: the same route keeps its
@@ -62,56 +75,117 @@ func RouteName(nlri []byte, ipv6 bool) string {
 }
 
 // Announce adds or replaces a neighbor's route; false when the neighbor
-// is at maxRoutes and the route is new (it is counted as refused).
+// is at maxRoutes and the route is new (it is counted as refused, and
+// waits for room).
 func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoutes int, now time.Time) bool {
 	m := t.routes[nb]
 	if m == nil {
 		m = map[string]*Entry{}
 		t.routes[nb] = m
 	}
+	t.max[nb] = maxRoutes
 	key := string(nlri)
 	if e := m[key]; e != nil {
 		e.Action, e.Since, e.StaleUntil = a, now, time.Time{}
 		return true
 	}
+	w := t.waiting[nb]
+	if w == nil {
+		w = &queue{byKey: map[string]*Entry{}}
+		t.waiting[nb] = w
+	}
+	e := w.byKey[key]
+	if e == nil {
+		e = &Entry{Neighbor: nb, Route: r, NLRI: slices.Clone(nlri), Name: RouteName(nlri, r.IPv6)}
+	}
+	e.Action, e.Since = a, now
 	if len(m) >= maxRoutes {
 		t.Refused["max-routes"]++
+		if w.byKey[key] == nil && len(w.byKey) < maxRoutes {
+			w.byKey[key] = e
+			w.order = append(w.order, key)
+			if len(w.order) > 2*len(w.byKey)+64 { // keys withdrawn while waiting, or sent again
+				seen := map[string]bool{}
+				w.order = slices.DeleteFunc(w.order, func(k string) bool {
+					drop := w.byKey[k] == nil || seen[k]
+					seen[k] = true
+					return drop
+				})
+			}
+		}
 		return false
 	}
-	m[key] = &Entry{Neighbor: nb, Route: r, NLRI: slices.Clone(nlri), Action: a, Name: RouteName(nlri, r.IPv6), Since: now}
+	delete(w.byKey, key) // its turn came with a higher max_routes
+	m[key] = e
 	return true
 }
 
-// Withdraw removes a neighbor's route; false when it had none.
+// Withdraw removes a neighbor's route, which lets a waiting one in; false
+// when it held none (a waiting route is forgotten, nothing changes).
 func (t *Table) Withdraw(nb netip.Addr, nlri []byte) bool {
+	if w := t.waiting[nb]; w != nil {
+		delete(w.byKey, string(nlri))
+	}
 	m := t.routes[nb]
 	if m == nil || m[string(nlri)] == nil {
 		return false
 	}
 	delete(m, string(nlri))
+	t.admit(nb)
 	return true
 }
 
+// Limit sets a neighbor's max_routes (a reload may raise it) and takes
+// the waiting routes there is room for now; it says whether it took any.
+func (t *Table) Limit(nb netip.Addr, maxRoutes int) bool {
+	t.max[nb] = maxRoutes
+	return t.admit(nb)
+}
+
+// admit moves waiting routes into the neighbor's table while it has room,
+// the first come first; it says whether it moved any.
+func (t *Table) admit(nb netip.Addr) bool {
+	w, m := t.waiting[nb], t.routes[nb]
+	moved := false
+	for w != nil && len(w.order) > 0 && len(m) < t.max[nb] {
+		key := w.order[0]
+		w.order = w.order[1:]
+		if e := w.byKey[key]; e != nil {
+			delete(w.byKey, key)
+			if m == nil {
+				m = map[string]*Entry{}
+				t.routes[nb] = m
+			}
+			m[key] = e
+			moved = true
+		}
+	}
+	return moved
+}
+
 // SessionLost keeps a neighbor's routes until the hold time has passed,
-// unless they are sent again.
+// unless they are sent again. Its waiting routes go: the neighbor sends
+// what it still announces when the session is back.
 func (t *Table) SessionLost(nb netip.Addr, hold time.Duration, now time.Time) {
 	for _, e := range t.routes[nb] {
 		if e.StaleUntil.IsZero() {
 			e.StaleUntil = now.Add(hold)
 		}
 	}
+	delete(t.waiting, nb)
 }
 
 // Expire removes the stale routes whose time has come; it says how many.
 func (t *Table) Expire(now time.Time) int {
 	n := 0
-	for _, m := range t.routes {
+	for nb, m := range t.routes {
 		for k, e := range m {
 			if !e.StaleUntil.IsZero() && !now.Before(e.StaleUntil) {
 				delete(m, k)
 				n++
 			}
 		}
+		t.admit(nb)
 	}
 	return n
 }
@@ -122,8 +196,18 @@ func (t *Table) Forget(keep func(netip.Addr) bool) {
 	for nb := range t.routes {
 		if !keep(nb) {
 			delete(t.routes, nb)
+			delete(t.waiting, nb)
+			delete(t.max, nb)
 		}
 	}
+}
+
+// Waiting is the number of a neighbor's routes waiting for room.
+func (t *Table) Waiting(nb netip.Addr) int {
+	if w := t.waiting[nb]; w != nil {
+		return len(w.byKey)
+	}
+	return 0
 }
 
 // Len is the number of routes of a neighbor.

@@ -2,7 +2,9 @@ package flowspec
 
 import (
 	"encoding/hex"
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -74,6 +76,75 @@ func TestTable(t *testing.T) {
 	Place(pol, es)
 	if es[0].State != StateNoRoom {
 		t.Fatalf("a route past the policy's lists: %s", es[0].State)
+	}
+}
+
+// TestTableWaiting: routes refused at max_routes wait (as many more as
+// max_routes), first come first, and are taken as withdrawals, expiry or a
+// higher max_routes make room; a withdrawn or lost session's waiting route
+// is forgotten.
+func TestTableWaiting(t *testing.T) {
+	tb := NewTable()
+	a := netip.MustParseAddr("192.0.2.2")
+	now := time.Now()
+	var rs []Route
+	var ns [][]byte
+	for i := range 8 {
+		r, n := routeTo(t, fmt.Sprintf("10.0.0.%d/32", i), 53)
+		rs, ns = append(rs, r), append(ns, n)
+	}
+	held := func() []string {
+		var out []string
+		for _, e := range tb.Entries() {
+			out = append(out, e.Route.String())
+		}
+		return out
+	}
+	for i := range 2 {
+		if !tb.Announce(a, rs[i], ns[i], Action{Kind: Drop}, 2, now) {
+			t.Fatalf("route %d refused under the cap", i)
+		}
+	}
+	for i := 2; i < 5; i++ { // 2 and 3 wait; 4 finds the queue full
+		if tb.Announce(a, rs[i], ns[i], Action{Kind: Drop}, 2, now) {
+			t.Fatalf("route %d taken past the cap", i)
+		}
+	}
+	if tb.Waiting(a) != 2 || tb.Refused["max-routes"] != 3 || tb.Len(a) != 2 {
+		t.Fatalf("waiting %d, refused %v, held %d; want 2, 3, 2", tb.Waiting(a), tb.Refused, tb.Len(a))
+	}
+	if !tb.Withdraw(a, ns[0]) || tb.Len(a) != 2 || tb.Waiting(a) != 1 || !slices.Contains(held(), rs[2].String()) {
+		t.Fatalf("a withdrawal did not let the first waiting route in: held %v, waiting %d", held(), tb.Waiting(a))
+	}
+	if tb.Withdraw(a, ns[3]) || tb.Waiting(a) != 0 { // waiting: forgotten, nothing held changes
+		t.Fatalf("withdrawing a waiting route: waiting %d", tb.Waiting(a))
+	}
+	if !tb.Withdraw(a, ns[1]) || tb.Len(a) != 1 {
+		t.Fatalf("a withdrawal with nothing waiting: held %v", held())
+	}
+	// A higher max_routes takes what waits.
+	tb.Announce(a, rs[5], ns[5], Action{Kind: Drop}, 2, now)
+	tb.Announce(a, rs[6], ns[6], Action{Kind: Drop}, 2, now)
+	if tb.Len(a) != 2 || tb.Waiting(a) != 1 || !tb.Limit(a, 3) || tb.Len(a) != 3 || tb.Waiting(a) != 0 {
+		t.Fatalf("a higher max_routes: held %v, waiting %d", held(), tb.Waiting(a))
+	}
+	// Expiry makes room; a lost session's waiting routes go.
+	tb.Announce(a, rs[7], ns[7], Action{Kind: Drop}, 3, now)
+	tb.SessionLost(a, time.Second, now)
+	if tb.Waiting(a) != 0 {
+		t.Fatalf("a lost session's route still waits")
+	}
+	tb.Announce(a, rs[7], ns[7], Action{Kind: Drop}, 3, now) // the session back: sent again, waits for the stale ones
+	if tb.Waiting(a) != 1 || tb.Expire(now.Add(time.Second)) != 3 || tb.Len(a) != 1 || held()[0] != rs[7].String() {
+		t.Fatalf("after expiry: held %v, waiting %d", held(), tb.Waiting(a))
+	}
+	// Churn of a waiting route keeps its queue bounded.
+	for range 1000 {
+		tb.Announce(a, rs[0], ns[0], Action{Kind: Drop}, 1, now)
+		tb.Withdraw(a, ns[0])
+	}
+	if q := tb.waiting[a]; len(q.order) > 2*len(q.byKey)+65 {
+		t.Errorf("%d keys queued for %d waiting routes", len(q.order), len(q.byKey))
 	}
 }
 
