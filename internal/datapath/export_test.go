@@ -7,3 +7,11 @@ func HideTCX() (restore func()) {
 	haveTCX = func() bool { return false }
 	return func() { haveTCX = saved }
 }
+
+// SmallWriteWindow makes writeArray map 64 KiB at a time, so that tables of
+// a few MB take many windows, until the returned function runs.
+func SmallWriteWindow() (restore func()) {
+	saved := writeWindow
+	writeWindow = 64 << 10
+	return func() { writeWindow = saved }
+}

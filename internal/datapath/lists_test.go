@@ -144,9 +144,12 @@ func (b *bigLists) check(t *testing.T, rng *rand.Rand, prog *ebpf.Program, frame
 // TestBigListsDifferential loads big random lists of both families with
 // mixed lengths and nested allow/deny, then changes them in place and lets
 // changes expire, checking every frame against policy.Eval.
-// RAMPART_BIGLIST_PREFIXES sets the list size (default 300,000).
+// RAMPART_BIGLIST_PREFIXES sets the list size (default 300,000). The
+// tables are written 64 KiB at a time: big lists' tables take many of
+// writeArray's windows.
 func TestBigListsDifferential(t *testing.T) {
 	testutil.Privileged(t)
+	defer datapath.SmallWriteWindow()()
 	n := 300_000
 	if s := os.Getenv("RAMPART_BIGLIST_PREFIXES"); s != "" {
 		n, _ = strconv.Atoi(s)

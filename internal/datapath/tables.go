@@ -84,15 +84,18 @@ func Memlock(m *ebpf.Map) uint64 {
 	return b
 }
 
+// writeWindow is how much of a map writeArray maps at once: whole pages,
+// as mmap offsets are.
+var writeWindow = 64 << 20
+
 // writeArray copies bytes into an mmap-able array map, far faster than an
 // update per element. It maps a window at a time and unmaps it at once,
 // rather than through cilium/ebpf's Map.Memory, which stays mapped while the
 // map is open: mapped, a list's tables would count in this process's memory
 // twice over (hundreds of MB for ten million prefixes) until the end.
 func writeArray(m *ebpf.Map, data []byte) error {
-	const window = 64 << 20 // whole pages: mmap offsets are
-	for off := 0; off < len(data); off += window {
-		n := min(window, len(data)-off)
+	for off := 0; off < len(data); off += writeWindow {
+		n := min(writeWindow, len(data)-off)
 		mem, err := unix.Mmap(m.FD(), int64(off), n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		if err != nil {
 			return fmt.Errorf("%s: map its memory: %w", m, err)
