@@ -55,8 +55,9 @@ func blockMultipliers(seed uint64) [2]uint64 {
 // cuckooTable lays items out in the buckets of a cuckoo table and returns
 // the buckets and the multipliers. A bucket B is S's slots, nothing else
 // (the abi's bucket types; TestBucketLayout). When items has the capacity
-// (tableSlots), the table is laid out in place, over items' memory, which it
-// then owns: ten million prefixes do not need their table twice.
+// (tableSlots), and not far more, the table is laid out in place, over
+// items' memory, which it then owns: ten million prefixes do not need their
+// table twice.
 func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2]uint64) {
 	keys := make([]uint32, len(items))
 	for i := range items {
@@ -75,7 +76,10 @@ func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2
 	n := len(slots)
 	slots = nil
 	var table []S
-	if cap(items) >= n {
+	// In place when items has the room, and not much more: the table
+	// keeps the whole array alive (lists that overlap, or prefixes their
+	// ancestors make redundant, leave fewer entries than counted).
+	if cap(items) >= n && cap(items) <= n+n/8 {
 		table = items[:n]
 		clear(table[len(items):])
 		permute(table, len(items), pos)

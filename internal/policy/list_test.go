@@ -410,6 +410,17 @@ func TestSortRanges6(t *testing.T) {
 	if !slices.Equal(rs, want) {
 		t.Error("the radix sort disagrees with a comparison sort")
 	}
+	// /48s of one /32: the digits every range shares are passes skipped.
+	for i := range rs {
+		rs[i].Lo = U128{0x20010db8<<32 | rng.Uint64()&0xffff0000, 0}
+		rs[i].Hi = rs[i].Lo.Or(LowMask(80))
+	}
+	want = slices.Clone(rs)
+	slices.SortStableFunc(want, func(a, b Range6) int { return a.Lo.Cmp(b.Lo) })
+	sortRanges6(rs)
+	if !slices.Equal(rs, want) {
+		t.Error("the radix sort of one /32's /48s disagrees with a comparison sort")
+	}
 }
 
 // TestParseV6Forms: the fast path takes the plain forms and leaves the rest.

@@ -162,12 +162,13 @@ func sortRanges6(rs []Range6) {
 		at := 0
 		same := false
 		for k := range 1 << 16 {
+			first := at
 			for p := range parts {
 				n := count[p][k]
-				same = same || n == len(src)
 				count[p][k] = at
 				at += n
 			}
+			same = same || at-first == len(src)
 		}
 		if same {
 			continue

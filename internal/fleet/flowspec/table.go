@@ -53,8 +53,21 @@ type Table struct {
 
 // queue is routes in the order they came.
 type queue struct {
-	order []string // keys; a key no longer in byKey was withdrawn
-	byKey map[string]*Entry
+	order []queued
+	byKey map[string]waiter
+	seq   uint64
+}
+
+// queued is a place in the queue; it is void when its key's waiter has
+// another seq (withdrawn, or withdrawn and refused again later).
+type queued struct {
+	key string
+	seq uint64
+}
+
+type waiter struct {
+	e   *Entry
+	seq uint64
 }
 
 // NewTable returns an empty table.
@@ -91,33 +104,39 @@ func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoute
 	}
 	w := t.waiting[nb]
 	if w == nil {
-		w = &queue{byKey: map[string]*Entry{}}
+		w = &queue{byKey: map[string]waiter{}}
 		t.waiting[nb] = w
 	}
-	e := w.byKey[key]
-	if e == nil {
-		e = &Entry{Neighbor: nb, Route: r, NLRI: slices.Clone(nlri), Name: RouteName(nlri, r.IPv6)}
-	}
-	e.Action, e.Since = a, now
-	if len(m) >= maxRoutes {
-		t.Refused["max-routes"]++
-		if w.byKey[key] == nil && len(w.byKey) < maxRoutes {
-			w.byKey[key] = e
-			w.order = append(w.order, key)
-			if len(w.order) > 2*len(w.byKey)+64 { // keys withdrawn while waiting, or sent again
-				seen := map[string]bool{}
-				w.order = slices.DeleteFunc(w.order, func(k string) bool {
-					drop := w.byKey[k] == nil || seen[k]
-					seen[k] = true
-					return drop
-				})
-			}
+	if q, ok := w.byKey[key]; ok { // waiting already: sent again
+		q.e.Action, q.e.Since = a, now
+		if len(m) < maxRoutes { // room made by a higher max_routes
+			delete(w.byKey, key)
+			m[key] = q.e
+			return true
 		}
 		return false
 	}
-	delete(w.byKey, key) // its turn came with a higher max_routes
-	m[key] = e
-	return true
+	e := &Entry{Neighbor: nb, Route: r, NLRI: slices.Clone(nlri), Action: a, Name: RouteName(nlri, r.IPv6), Since: now}
+	if len(m) < maxRoutes {
+		m[key] = e
+		return true
+	}
+	t.Refused["max-routes"]++
+	if len(w.byKey) < maxRoutes {
+		w.seq++
+		w.byKey[key] = waiter{e, w.seq}
+		w.order = append(w.order, queued{key, w.seq})
+		if len(w.order) > 2*len(w.byKey)+64 { // places left by withdrawn routes
+			w.order = slices.DeleteFunc(w.order, w.void)
+		}
+	}
+	return false
+}
+
+// void says whether a place in the queue is no route's any more.
+func (w *queue) void(q queued) bool {
+	cur, ok := w.byKey[q.key]
+	return !ok || cur.seq != q.seq
 }
 
 // Withdraw removes a neighbor's route, which lets a waiting one in; false
@@ -148,17 +167,18 @@ func (t *Table) admit(nb netip.Addr) bool {
 	w, m := t.waiting[nb], t.routes[nb]
 	moved := false
 	for w != nil && len(w.order) > 0 && len(m) < t.max[nb] {
-		key := w.order[0]
+		q := w.order[0]
 		w.order = w.order[1:]
-		if e := w.byKey[key]; e != nil {
-			delete(w.byKey, key)
-			if m == nil {
-				m = map[string]*Entry{}
-				t.routes[nb] = m
-			}
-			m[key] = e
-			moved = true
+		if w.void(q) {
+			continue
 		}
+		if m == nil {
+			m = map[string]*Entry{}
+			t.routes[nb] = m
+		}
+		m[q.key] = w.byKey[q.key].e
+		delete(w.byKey, q.key)
+		moved = true
 	}
 	return moved
 }
@@ -193,7 +213,7 @@ func (t *Table) Expire(now time.Time) int {
 // Forget drops every route of neighbors not in keep (a neighbor removed
 // from the policy).
 func (t *Table) Forget(keep func(netip.Addr) bool) {
-	for nb := range t.routes {
+	for nb := range t.max { // every neighbor the table has heard of
 		if !keep(nb) {
 			delete(t.routes, nb)
 			delete(t.waiting, nb)

@@ -138,6 +138,34 @@ func TestTableWaiting(t *testing.T) {
 	if tb.Waiting(a) != 1 || tb.Expire(now.Add(time.Second)) != 3 || tb.Len(a) != 1 || held()[0] != rs[7].String() {
 		t.Fatalf("after expiry: held %v, waiting %d", held(), tb.Waiting(a))
 	}
+	// First come first: a route withdrawn while waiting and refused again
+	// queues anew, behind the ones that came meanwhile; sent again while
+	// waiting, it is not refused twice.
+	tb = NewTable()
+	tb.Announce(a, rs[0], ns[0], Action{Kind: Drop}, 2, now) // held
+	tb.Announce(a, rs[3], ns[3], Action{Kind: Drop}, 2, now) // held
+	tb.Announce(a, rs[1], ns[1], Action{Kind: Drop}, 2, now) // waits
+	tb.Withdraw(a, ns[1])
+	tb.Announce(a, rs[2], ns[2], Action{Kind: Drop}, 2, now) // waits
+	tb.Announce(a, rs[1], ns[1], Action{Kind: Drop}, 2, now) // waits, after rs[2]
+	tb.Announce(a, rs[1], ns[1], Action{Kind: RatePackets, Rate: 5}, 2, now)
+	if tb.Refused["max-routes"] != 3 || tb.Waiting(a) != 2 {
+		t.Errorf("refused %d, %d waiting; want 3 (a waiting route sent again is not refused again), 2", tb.Refused["max-routes"], tb.Waiting(a))
+	}
+	tb.Withdraw(a, ns[0])
+	if h := held(); len(h) != 2 || !slices.Contains(h, rs[2].String()) {
+		t.Fatalf("held %v, want the route that waited longest, %s", h, rs[2].String())
+	}
+	tb.Withdraw(a, ns[3])
+	var last *Entry
+	for _, e := range tb.Entries() {
+		if e.Route.String() == rs[1].String() {
+			last = e
+		}
+	}
+	if last == nil || last.Action.Kind != RatePackets || tb.Waiting(a) != 0 {
+		t.Fatalf("held %v, want %s with its last action", held(), rs[1].String())
+	}
 	// Churn of a waiting route keeps its queue bounded.
 	for range 1000 {
 		tb.Announce(a, rs[0], ns[0], Action{Kind: Drop}, 1, now)
