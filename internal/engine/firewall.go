@@ -179,12 +179,13 @@ func needRoot(err error) error {
 
 // writeJSON writes v to path through a temporary file and a rename: a reader
 // sees the old file or the new one, and a full disk fails before the old one
-// is touched.
+// is touched. Compact: indenting the generation record of a 10,000-rule
+// policy cost 8% of its apply (0.37 s against 0.34; jq reads either).
 func writeJSON(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
