@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -102,11 +103,7 @@ func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoute
 		e.Action, e.Since, e.StaleUntil = a, now, time.Time{}
 		return true
 	}
-	w := t.waiting[nb]
-	if w == nil {
-		w = &queue{byKey: map[string]waiter{}}
-		t.waiting[nb] = w
-	}
+	w := t.queue(nb)
 	if q, ok := w.byKey[key]; ok { // waiting already: sent again
 		q.e.Action, q.e.Since = a, now
 		if len(m) < maxRoutes { // room made by a higher max_routes
@@ -154,11 +151,41 @@ func (t *Table) Withdraw(nb netip.Addr, nlri []byte) bool {
 	return true
 }
 
-// Limit sets a neighbor's max_routes (a reload may raise it) and takes
-// the waiting routes there is room for now; it says whether it took any.
+// Limit sets a neighbor's max_routes, as a reload may change it: a higher
+// one takes the waiting routes there is room for, a lower one sends the
+// routes sent last past it back to wait, first in line (as many as may
+// wait; the rest are refused). It says whether the held routes changed.
 func (t *Table) Limit(nb netip.Addr, maxRoutes int) bool {
 	t.max[nb] = maxRoutes
-	return t.admit(nb)
+	m := t.routes[nb]
+	if len(m) <= maxRoutes {
+		return t.admit(nb)
+	}
+	held := slices.SortedFunc(maps.Values(m), func(a, b *Entry) int { return a.Since.Compare(b.Since) })
+	w := t.queue(nb)
+	var first []queued
+	for _, e := range held[maxRoutes:] {
+		key := string(e.NLRI)
+		delete(m, key)
+		t.Refused["max-routes"]++
+		if len(w.byKey) < maxRoutes {
+			w.seq++
+			w.byKey[key] = waiter{e, w.seq}
+			first = append(first, queued{key, w.seq})
+		}
+	}
+	w.order = append(first, w.order...)
+	return true
+}
+
+// queue is a neighbor's waiting routes, made when first needed.
+func (t *Table) queue(nb netip.Addr) *queue {
+	w := t.waiting[nb]
+	if w == nil {
+		w = &queue{byKey: map[string]waiter{}}
+		t.waiting[nb] = w
+	}
+	return w
 }
 
 // admit moves waiting routes into the neighbor's table while it has room,

@@ -166,6 +166,19 @@ func TestTableWaiting(t *testing.T) {
 	if last == nil || last.Action.Kind != RatePackets || tb.Waiting(a) != 0 {
 		t.Fatalf("held %v, want %s with its last action", held(), rs[1].String())
 	}
+	// A lower max_routes sends the routes sent last back to wait, first in
+	// line; raised again, it takes them back.
+	tb = NewTable()
+	for i := range 4 {
+		tb.Announce(a, rs[i], ns[i], Action{Kind: Drop}, 4, now.Add(time.Duration(i)*time.Second))
+	}
+	tb.Announce(a, rs[4], ns[4], Action{Kind: Drop}, 4, now) // waits
+	if !tb.Limit(a, 2) || tb.Len(a) != 2 || tb.Waiting(a) != 2 || !slices.Contains(held(), rs[0].String()) || !slices.Contains(held(), rs[1].String()) {
+		t.Fatalf("max_routes lowered to 2: held %v, %d waiting", held(), tb.Waiting(a))
+	}
+	if !tb.Limit(a, 3) || tb.Len(a) != 3 || !slices.Contains(held(), rs[2].String()) || tb.Limit(a, 3) {
+		t.Fatalf("max_routes raised to 3: held %v, %d waiting", held(), tb.Waiting(a))
+	}
 	// Churn of a waiting route keeps its queue bounded.
 	for range 1000 {
 		tb.Announce(a, rs[0], ns[0], Action{Kind: Drop}, 1, now)
