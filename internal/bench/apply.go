@@ -12,6 +12,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/rampart-fw/rampart/internal/lab"
 )
 
 // Commands ApplyRuns times: `rampart check` reads the list and builds the
@@ -48,75 +50,82 @@ type ApplyResult struct {
 	Error      string  `json:"error,omitempty"`
 }
 
-// benchNetns is the namespace ApplyCost applies in, with its pid.
-const benchNetns = "rampart-bench-"
+// benchIf is the veth ApplyCost applies on, in a namespace of the run's own.
+const benchIf = "bench0"
 
 // ApplyCost writes, for every family, mix and size, the mix's prefixes as a
 // list file and a policy dropping them, then runs `rampart check` and
 // `rampart apply` on it as child processes (a veth in a namespace of its
-// own, on pins and state of the run's own): a process each, so that its
-// peak memory is the command's.
+// own, on pins and state of the run's own, named as the labs name theirs
+// so that a killed run's are swept): a process each, so that its peak
+// memory is the command's.
 func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
-	ns := fmt.Sprintf("%s%d", benchNetns, os.Getpid())
-	pins := "/sys/fs/bpf/" + ns
+	lab.SweepStale()
+	ns, pins := fmt.Sprintf("%s%d-apply", lab.NetnsPrefix, os.Getpid()), lab.PinRoot()
 	defer os.RemoveAll(pins)
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("ip netns add %s: %v: %s", ns, err, bytes.TrimSpace(out))
-	}
 	defer exec.Command("ip", "netns", "del", ns).Run()
-	if out, err := exec.Command("ip", "-n", ns, "link", "add", "bench0", "type", "veth", "peer", "name", "bench1").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("veth in %s: %v: %s", ns, err, bytes.TrimSpace(out))
-	}
-	if out, err := exec.Command("ip", "-n", ns, "link", "set", "bench0", "up").CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("veth in %s: %v: %s", ns, err, bytes.TrimSpace(out))
+	for _, c := range [][]string{{"ip", "netns", "add", ns}, {"ip", "-n", ns, "link", "add", benchIf, "type", "veth", "peer", "name", benchIf + "p"},
+		{"ip", "-n", ns, "link", "set", benchIf, "up"}} {
+		if err := lab.Run(c...); err != nil {
+			return nil, err
+		}
 	}
 	root := []string{"--netns", ns, "--pin-root", pins, "--state-root", filepath.Join(o.Dir, "state")}
 	var res []ApplyResult
 	for _, fam := range o.Families {
 		for _, mix := range o.Mixes {
 			for _, size := range o.Sizes {
-				say(o.Progress, "IPv%d %s %d: writing the list", fam, mix, size)
+				what := fmt.Sprintf("IPv%d %s %d", fam, mix, size)
+				say(o.Progress, "%s: writing the list", what)
 				pol, fileBytes, err := writeListPolicy(o.Dir, fam, mix, size)
 				if err != nil {
 					return res, err
 				}
-				tables, err := checkTables(o.Exe, pol)
-				for _, step := range []string{StepCheck, StepApply} {
-					r := ApplyResult{Step: step, Family: fam, Mix: mix, Size: size, FileBytes: fileBytes, TableBytes: tables}
-					if err != nil {
-						r.Error = err.Error()
-						res = append(res, r)
-						continue
-					}
-					args := []string{"check", "-f", pol}
-					if step == StepApply {
-						args = slices.Concat(root, []string{"apply", "-f", pol, "--iface", "bench0"})
-					}
-					var secs []float64
-					for run := range o.Runs {
-						say(o.Progress, "IPv%d %s %d: %s, run %d of %d", fam, mix, size, step, run+1, o.Runs)
-						s, rss, err := timeChild(o.Exe, step, args)
-						if err != nil {
-							r.Error = err.Error()
-							break
-						}
-						secs = append(secs, s)
-						r.PeakRSS = max(r.PeakRSS, rss)
-					}
-					if len(secs) > 0 {
-						slices.Sort(secs)
-						r.Seconds, r.SecondsMin, r.SecondsMax = secs[len(secs)/2], secs[0], secs[len(secs)-1]
-					}
+				check, out := o.measure(what, StepCheck, []string{"check", "--json", "-f", pol})
+				apply, _ := o.measure(what, StepApply, slices.Concat(root, []string{"apply", "-f", pol, "--iface", benchIf}))
+				var c struct {
+					TableBytes uint64 `json:"table_bytes"`
+				}
+				if err := json.Unmarshal(out, &c); err != nil && check.Error == "" {
+					check.Error = fmt.Sprintf("rampart check --json: %v", err)
+				}
+				for _, r := range []ApplyResult{check, apply} {
+					r.Family, r.Mix, r.Size, r.FileBytes, r.TableBytes = fam, mix, size, fileBytes, c.TableBytes
 					res = append(res, r)
 				}
-				if out, err := exec.Command(o.Exe, append(root, "detach", "--iface", "bench0")...).CombinedOutput(); err != nil {
-					return res, fmt.Errorf("rampart detach: %v: %s", err, bytes.TrimSpace(out))
+				if err := lab.Run(slices.Concat([]string{o.Exe}, root, []string{"detach", "--iface", benchIf})...); err != nil {
+					return res, err
 				}
 				os.Remove(pol + ".list")
 			}
 		}
 	}
 	return res, nil
+}
+
+// measure runs one command o.Runs times: the median wall time with its
+// min-max, the largest peak RSS, and the first run's standard output.
+func (o ApplyOptions) measure(what, step string, args []string) (r ApplyResult, out []byte) {
+	r.Step = step
+	var secs []float64
+	for run := range o.Runs {
+		say(o.Progress, "%s: %s, run %d of %d", what, step, run+1, o.Runs)
+		s, rss, stdout, err := timeChild(o.Exe, step, args)
+		if err != nil {
+			r.Error = err.Error()
+			break
+		}
+		if run == 0 {
+			out = stdout
+		}
+		secs = append(secs, s)
+		r.PeakRSS = max(r.PeakRSS, rss)
+	}
+	if len(secs) > 0 {
+		slices.Sort(secs)
+		r.Seconds, r.SecondsMin, r.SecondsMax = secs[len(secs)/2], secs[0], secs[len(secs)-1]
+	}
+	return r, out
 }
 
 // writeListPolicy writes the list file and a policy that drops its
@@ -148,36 +157,22 @@ func writeListPolicy(dir string, fam int, mix string, size int) (string, int64, 
 	return pol, st.Size(), os.WriteFile(pol, []byte(text), 0o644)
 }
 
-// checkTables is the tables' kernel memory, from `rampart check --json`.
-func checkTables(exe, pol string) (uint64, error) {
-	out, err := exec.Command(exe, "check", "--json", "-f", pol).Output()
-	if err != nil {
-		return 0, fmt.Errorf("rampart check: %w", err)
-	}
-	var c struct {
-		TableBytes uint64 `json:"table_bytes"`
-	}
-	if err := json.Unmarshal(out, &c); err != nil {
-		return 0, fmt.Errorf("rampart check --json: %w", err)
-	}
-	return c.TableBytes, nil
-}
-
-// timeChild runs the command and returns its wall time and peak RSS.
-func timeChild(exe, step string, args []string) (float64, int64, error) {
+// timeChild runs the command and returns its wall time, peak RSS and
+// standard output.
+func timeChild(exe, step string, args []string) (float64, int64, []byte, error) {
 	cmd := exec.Command(exe, args...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	start := time.Now()
 	if err := cmd.Run(); err != nil {
-		return 0, 0, fmt.Errorf("rampart %s: %v: %s", step, err, bytes.TrimSpace(stderr.Bytes()))
+		return 0, 0, nil, fmt.Errorf("rampart %s: %v: %s", step, err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	secs := time.Since(start).Seconds()
-	ru, _ := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	if ru == nil {
-		return secs, 0, nil
+	var rss int64
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		rss = ru.Maxrss * 1024
 	}
-	return secs, ru.Maxrss * 1024, nil
+	return secs, rss, stdout.Bytes(), nil
 }
 
 func say(progress func(string), format string, args ...any) {

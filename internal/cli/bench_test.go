@@ -1,9 +1,10 @@
 package cli_test
 
 import (
+	"fmt"
 	"math"
+	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -165,10 +166,12 @@ func TestBenchApply(t *testing.T) {
 			t.Errorf("result %d without its sizes or times: %+v", i, r)
 		}
 	}
-	if ns, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(ns), "rampart-bench-") {
+	// Named as the labs name theirs: rampart-lab-PID...
+	run := fmt.Sprintf("rampart-lab-%d", os.Getpid())
+	if ns, _ := exec.Command("ip", "netns", "list").Output(); strings.Contains(string(ns), run+"-apply") {
 		t.Errorf("bench apply left its namespace:\n%s", ns)
 	}
-	if pins, _ := filepath.Glob("/sys/fs/bpf/rampart-bench-*"); len(pins) > 0 {
-		t.Errorf("bench apply left its pins: %v", pins)
+	if _, err := os.Stat("/sys/fs/bpf/" + run); err == nil {
+		t.Errorf("bench apply left its pins in /sys/fs/bpf/%s", run)
 	}
 }
