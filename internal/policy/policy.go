@@ -275,7 +275,7 @@ func (pol *Policy) Usage() (entries int, lists map[string]bool) {
 	for _, r := range pol.Rules {
 		entries += r.Entries()
 		for _, a := range r.Alternatives() {
-			for _, n := range append(slices.Clone(a.Src), a.Dst...) {
+			for _, n := range slices.Concat(a.Src, a.Dst) {
 				lists[n] = true
 			}
 		}

@@ -89,8 +89,9 @@ func RouteName(nlri []byte, ipv6 bool) string {
 }
 
 // Announce adds or replaces a neighbor's route; false when the neighbor
-// is at maxRoutes and the route is new (it is counted as refused, and
-// waits for room).
+// is at maxRoutes and nothing it holds changed: a new route is counted as
+// refused and waits for room, one waiting already has its action
+// updated.
 func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoutes int, now time.Time) bool {
 	m := t.routes[nb]
 	if m == nil {
@@ -106,12 +107,7 @@ func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoute
 	w := t.queue(nb)
 	if q, ok := w.byKey[key]; ok { // waiting already: sent again
 		q.e.Action, q.e.Since = a, now
-		if len(m) < maxRoutes { // room made by a higher max_routes
-			delete(w.byKey, key)
-			m[key] = q.e
-			return true
-		}
-		return false
+		return t.admit(nb) // a higher maxRoutes may have made room
 	}
 	e := &Entry{Neighbor: nb, Route: r, NLRI: slices.Clone(nlri), Action: a, Name: RouteName(nlri, r.IPv6), Since: now}
 	if len(m) < maxRoutes {
@@ -120,14 +116,20 @@ func (t *Table) Announce(nb netip.Addr, r Route, nlri []byte, a Action, maxRoute
 	}
 	t.Refused["max-routes"]++
 	if len(w.byKey) < maxRoutes {
-		w.seq++
-		w.byKey[key] = waiter{e, w.seq}
-		w.order = append(w.order, queued{key, w.seq})
+		w.order = append(w.order, w.add(key, e))
 		if len(w.order) > 2*len(w.byKey)+64 { // places left by withdrawn routes
 			w.order = slices.DeleteFunc(w.order, w.void)
 		}
 	}
 	return false
+}
+
+// add makes a route wait and returns its place, for the caller to put in
+// line.
+func (w *queue) add(key string, e *Entry) queued {
+	w.seq++
+	w.byKey[key] = waiter{e, w.seq}
+	return queued{key, w.seq}
 }
 
 // void says whether a place in the queue is no route's any more.
@@ -169,9 +171,7 @@ func (t *Table) Limit(nb netip.Addr, maxRoutes int) bool {
 		delete(m, key)
 		t.Refused["max-routes"]++
 		if len(w.byKey) < maxRoutes {
-			w.seq++
-			w.byKey[key] = waiter{e, w.seq}
-			first = append(first, queued{key, w.seq})
+			first = append(first, w.add(key, e))
 		}
 	}
 	w.order = append(first, w.order...)
