@@ -177,13 +177,10 @@ listed (addresses inside listed prefixes, as a flood from listed sources).`,
 			if o.Repeat < 1 || o.Runs < 1 {
 				return fmt.Errorf("--repeat and --runs must be at least 1")
 			}
-			if g.interactive() {
-				o.Progress = func(msg string) { fmt.Fprintf(g.env.Stderr, "\r\033[K%s", msg) }
-			}
+			progress, clear := g.progressLine()
+			o.Progress = progress
 			res, err := bench.Lookup(o)
-			if o.Progress != nil {
-				fmt.Fprint(g.env.Stderr, "\r\033[K")
-			}
+			clear()
 			if err != nil {
 				return fmt.Errorf("bench lookup: %w (it needs root for BPF_PROG_TEST_RUN)", err)
 			}
