@@ -415,7 +415,7 @@ int rampart_xdp(struct xdp_md *ctx)
 		/* SYNs are answered here; the ACK that returns a cookie is
 		 * checked by rampart_tc_cookie, at tc. */
 		if (is_syn(&p))
-			return write_synack(ctx, &p, rule, 0) ? XDP_TX : XDP_DROP;
+			return synack_in_place(ctx, &p, rule) || write_synack(ctx, &p, rule, 0) ? XDP_TX : XDP_DROP;
 	}
 	return XDP_PASS;
 }

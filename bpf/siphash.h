@@ -17,18 +17,19 @@
 		v3 ^= (m); SIPROUND; SIPROUND; v0 ^= (m);                       \
 	} while (0)
 
-/* SipHash-2-4 of six 64-bit words under cfg.flood_key, d0 separating uses. */
-static __always_inline __u64 siphash6(__u64 d0, __u64 a, __u64 b, __u64 c, __u64 d, __u64 e)
+/* SipHash-2-4 of n 64-bit words (a constant, at most 6) under
+ * cfg.flood_key. */
+static __always_inline __u64 siphash24(const __u64 *m, const int n)
 {
 	__u64 v0 = cfg.flood_key[0] ^ 0x736f6d6570736575ULL, v1 = cfg.flood_key[1] ^ 0x646f72616e646f6dULL;
 	__u64 v2 = cfg.flood_key[0] ^ 0x6c7967656e657261ULL, v3 = cfg.flood_key[1] ^ 0x7465646279746573ULL;
-	SIPWORD(d0);
-	SIPWORD(a);
-	SIPWORD(b);
-	SIPWORD(c);
-	SIPWORD(d);
-	SIPWORD(e);
-	SIPWORD(48ULL << 56);
+#pragma unroll
+	for (int i = 0; i < 6; i++) {
+		if (i >= n)
+			break;
+		SIPWORD(m[i]);
+	}
+	SIPWORD((__u64)(8 * n) << 56);
 	v2 ^= 0xff;
 	SIPROUND; SIPROUND; SIPROUND; SIPROUND;
 	return v0 ^ v1 ^ v2 ^ v3;
