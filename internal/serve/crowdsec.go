@@ -20,16 +20,9 @@ import (
 )
 
 // foldAt is how many decisions may wait in the live overlay before the
-// lists are compiled again with them, for a set of n: the overlay costs a
-// probe per prefix length whatever its size, but each change rewrites its
-// journal, and each rebuild compiles the whole set. Half the set, so that
-// an import of n decisions costs a logarithmic number of rebuilds (a 1M
-// import at a fixed 50,000 cost some twenty, 96 s of CPU), at least 50,000
-// and at most a quarter of the overlay's room (1<<20 entries a family,
-// shared with `rampart list` and the ban API).
-func foldAt(n int) int {
-	return min(max(50_000, n/2), 1<<18)
-}
+// list is compiled again with them: the overlay costs a probe per prefix
+// length whatever its size, but each change rewrites its journal.
+const foldAt = 50_000
 
 // feed follows a CrowdSec Local API's decision stream into the lists the
 // policy's crowdsec section names. New decisions reach the kernel as live
@@ -409,7 +402,7 @@ func (f *feed) owe() {
 // addLive puts decisions into their origins' lists as live changes. An
 // origin without a list yet borrows another's (its drops are counted
 // there) and a rebuild, which gives it its own, is owed; so is one once
-// the overlay holds more than foldAt says.
+// the overlay holds more than foldAt.
 func (d *Daemon) addLive(c *policy.CrowdSec, adds []crowdsec.Decision) error {
 	f := d.cs
 	byList := map[string][]netip.Prefix{}
@@ -433,7 +426,7 @@ func (d *Daemon) addLive(c *policy.CrowdSec, adds []crowdsec.Decision) error {
 		byList[l] = append(byList[l], dec.Prefix)
 	}
 	f.overlay += len(adds)
-	if f.overlay > foldAt(f.set.Len()) {
+	if f.overlay > foldAt {
 		f.dirty = true
 	}
 	f.mu.Unlock()
