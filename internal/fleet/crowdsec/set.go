@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -188,8 +187,9 @@ func (s *Set) ByOrigin() map[string][]netip.Prefix {
 	return out
 }
 
-// Save writes the set to path (a line per decision: id, expiry in unix
-// nanoseconds, prefix, type, origin), replacing the file whole.
+// Save writes the set to path (a line per decision, in no order: id,
+// expiry in unix nanoseconds, prefix, type, origin), replacing the file
+// whole.
 func (s *Set) Save(path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
@@ -200,15 +200,22 @@ func (s *Set) Save(path string) error {
 		return err
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
+	// In the map's order, each line appended to one buffer: the service
+	// saves after every change, and sorting the IDs, looking each up again
+	// and formatting with fmt took a third of its CPU while a million
+	// decisions were imported.
+	var line []byte
 	s.mu.Lock()
-	ids := make([]int64, 0, len(s.byID))
-	for id := range s.byID {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		e := s.byID[id]
-		fmt.Fprintf(w, "%d %d %s %s %s\n", id, e.expires, e.prefix, e.kind.Type, e.kind.Origin)
+	for id, e := range s.byID {
+		line = strconv.AppendInt(line[:0], id, 10)
+		line = append(line, ' ')
+		line = strconv.AppendInt(line, e.expires, 10)
+		line = append(line, ' ')
+		line = e.prefix.AppendTo(line)
+		line = append(append(line, ' '), e.kind.Type...)
+		line = append(append(line, ' '), e.kind.Origin...)
+		line = append(line, '\n')
+		w.Write(line)
 	}
 	s.mu.Unlock()
 	err = w.Flush()
