@@ -105,8 +105,8 @@ static __always_inline void tcp_parse_opts(struct opt_walk *w)
 /* The cookie's hash: of the addresses, the ports with the client's initial
  * sequence number, and the time slot, each in words of its own (IPv4: three
  * words, twelve rounds; IPv6: six, eighteen). The slot keeps a word apart:
- * XORed into another, a client could move an old cookie into a new slot by
- * choosing its sequence number. */
+ * XORed into the IPv6 source's low half, as it once was, a client could
+ * move an old cookie into a new slot by choosing its address in its /64. */
 static __always_inline __u64 cookie_hash(const struct pkt *p, __u16 sport, __u16 dport, __u32 isn, __u64 slot)
 {
 	__u64 ports = (__u64)sport << 48 | (__u64)dport << 32 | isn;
