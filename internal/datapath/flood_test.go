@@ -8,8 +8,11 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
+	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
 // synOpts are a Linux client's SYN options: MSS 1460, SACK permitted,
@@ -208,5 +211,45 @@ func TestSynAckInPlace(t *testing.T) {
 		case r.flags != 0x12 || r.ack != 0xfffffff1 || !r.ipOK || !r.tcpOK:
 			t.Errorf("%s: flags %#x ack %#x checksums IP %v TCP %v", c.name, r.flags, r.ack, r.ipOK, r.tcpOK)
 		}
+	}
+}
+
+// TestCookiesOutliveTheirProgram: programs loaded under one flood key (a
+// re-apply keeps the last one) answer a SYN with the same cookie, so the
+// ACK to the old program's SYN-ACK proves itself to the new one; under
+// another key the cookie differs.
+func TestCookiesOutliveTheirProgram(t *testing.T) {
+	testutil.Privileged(t)
+	pol, err := policy.Parse("test.yaml", []byte("rules:\n  - {name: web, dport: 443, action: syncookie}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := packet.Frame{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.1"), TCPOpts: synOpts,
+		SrcMAC: []byte{2, 0, 0, 0, 0, 0xc}, DstMAC: []byte{2, 0, 0, 0, 0, 0x5}, Proto: 6, Sport: 40000, Dport: 443, TCPFlags: 0x02, Seq: 1000}
+	answer := func(key [2]uint64) []byte {
+		objs, err := datapath.LoadKeyed(compile.Build(pol), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer objs.Close()
+		in := f.Bytes()
+		opts := &ebpf.RunOptions{Data: in, DataOut: make([]byte, len(in)+64)}
+		if _, err := objs.RampartXdp.Run(opts); err != nil {
+			t.Fatal(err)
+		}
+		return opts.DataOut
+	}
+	key, err := datapath.NewFloodKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, again := answer(key), answer(key)
+	if !bytes.Equal(first, again) {
+		t.Errorf("one key, two programs, two answers:\n%x\n%x", first, again)
+	}
+	other := key
+	other[0]++
+	if bytes.Equal(first, answer(other)) {
+		t.Error("another key gave the same cookie")
 	}
 }

@@ -51,9 +51,29 @@ func (o *Objects) Program(k Kind) *ebpf.Program {
 	return o.RampartXdp
 }
 
-// Load builds a fresh program and fresh maps holding img. Nothing is
-// attached. A verifier rejection is returned whole.
+// Load builds a fresh program and fresh maps holding img, under a fresh
+// flood key. Nothing is attached. A verifier rejection is returned whole.
 func Load(img *compile.Image) (*Objects, error) {
+	key, err := NewFloodKey()
+	if err != nil {
+		return nil, err
+	}
+	return LoadKeyed(img, key)
+}
+
+// NewFloodKey draws a key for the flood tables and SYN cookies.
+func NewFloodKey() ([2]uint64, error) {
+	var key [2]uint64
+	if err := binary.Read(rand.Reader, binary.LittleEndian, &key); err != nil {
+		return key, fmt.Errorf("a key for the flood tables: %w", err)
+	}
+	return key, nil
+}
+
+// LoadKeyed is Load under a given flood key: a re-apply keeps the last
+// one, so that the ACK to a SYN-ACK the old program sent still proves its
+// cookie to the new one.
+func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	if len(img.Rules) > abi.MaxRules {
 		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), abi.MaxRules)
 	}
@@ -67,10 +87,6 @@ func Load(img *compile.Image) (*Objects, error) {
 	var specs filterSpecs
 	if err := spec.Assign(&specs); err != nil {
 		return nil, err
-	}
-	var key [2]uint64
-	if err := binary.Read(rand.Reader, binary.LittleEndian, &key); err != nil {
-		return nil, fmt.Errorf("a key for the flood tables: %w", err)
 	}
 	cfg := abi.Config{FloodKey: key, LimitBuckets: uint32(limitBuckets(img)), DefaultAction: img.DefaultAction,
 		UnparsedAction: img.UnparsedAction, MalformedAction: img.MalformedAction, NeedL4: b2u8(img.NeedL4)}

@@ -155,13 +155,18 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	// millions): it overlaps the kernel's loading of them.
 	hash := make(chan string, 1)
 	go func() { hash <- img.Hash() }()
-	objs, err := datapath.Load(img)
+	key, err := fw.floodKey(hooks)
+	if err != nil {
+		return nil, err
+	}
+	objs, err := datapath.LoadKeyed(img, key)
 	if err != nil {
 		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 	}
 	defer objs.Close()
 
 	meta := describe(pol, img, <-hash)
+	meta.FloodKey = key
 	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
@@ -194,6 +199,22 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		return res, fmt.Errorf("the new policy is live, but cleaning up after it failed: %w", err)
 	}
 	return res, nil
+}
+
+// floodKey is the key the newest generation of the first of hooks that
+// has one was loaded under, else a new one: cookies a program sent stay
+// valid under the program that replaces it.
+func (fw *Firewall) floodKey(hooks []Hook) ([2]uint64, error) {
+	for _, h := range hooks {
+		st, err := fw.state(h)
+		if err != nil {
+			return [2]uint64{}, err
+		}
+		if g, err := fw.readGen(h, fw.newest(h, st)); err == nil && g != nil && g.FloodKey != [2]uint64{} {
+			return g.FloodKey, nil
+		}
+	}
+	return datapath.NewFloodKey()
 }
 
 func (fw *Firewall) inNetns() string {

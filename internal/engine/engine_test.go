@@ -387,3 +387,30 @@ func mac(t *testing.T, ns, ifc string) string {
 	})
 	return m
 }
+
+// TestReapplyKeepsTheFloodKey: a re-apply loads its program under the key
+// the live one has, so that SYN cookies already sent stay valid; a first
+// apply draws one.
+func TestReapplyKeepsTheFloodKey(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	fw := newFirewall(t, p)
+	dir := t.TempDir()
+	h := Hook{Iface: p.IfB}
+	keys := make([][2]uint64, 0, 2)
+	for _, pol := range []*policy.Policy{parse(t, dir, "a.yaml", policyA), parse(t, dir, "b.yaml", policyB)} {
+		mustApply(t, fw, pol, p.IfB)
+		st, err := fw.state(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := fw.readGen(h, st.live)
+		if err != nil || g == nil {
+			t.Fatalf("generation %d: %v", st.live, err)
+		}
+		keys = append(keys, g.FloodKey)
+	}
+	if keys[0] == ([2]uint64{}) || keys[1] != keys[0] {
+		t.Errorf("flood keys %x then %x: want one key, drawn once", keys[0], keys[1])
+	}
+}

@@ -89,6 +89,9 @@ type generation struct {
 	// CarriedEvents holds, per rule, the limit and cookie events earlier
 	// generations counted.
 	CarriedEvents []abi.RuleEvents `json:"carried_events,omitempty"`
+	// FloodKey keys the program's SYN cookies and flood tables; the next
+	// generation takes it over (state is root's alone, as the maps are).
+	FloodKey [2]uint64 `json:"flood_key"`
 }
 
 // syncookie reports whether the generation answers SYNs with cookies, which
