@@ -112,6 +112,14 @@ func hookStatus(t testing.TB, fw *Firewall) []HookStatus {
 // program the link runs, with this policy hash.
 func runsHash(t testing.TB, fw *Firewall, h Hook, hash string) {
 	t.Helper()
+	if g := liveGen(t, fw, h); g.PolicyHash != hash {
+		t.Fatalf("the kernel runs policy %s, want %s", g.PolicyHash[:12], hash[:12])
+	}
+}
+
+// liveGen is the generation whose program the hook's link runs.
+func liveGen(t testing.TB, fw *Firewall, h Hook) *generation {
+	t.Helper()
 	st, err := fw.state(h)
 	if err != nil {
 		t.Fatal(err)
@@ -120,9 +128,7 @@ func runsHash(t testing.TB, fw *Firewall, h Hook, hash string) {
 	if err != nil || g == nil {
 		t.Fatalf("the link runs no generation rampart describes (live %d, %v)", st.live, err)
 	}
-	if g.PolicyHash != hash {
-		t.Fatalf("the kernel runs policy %s, want %s", g.PolicyHash[:12], hash[:12])
-	}
+	return g
 }
 
 // TestTwoEnginesOnDistinctRoots runs two firewalls on roots of their own at
@@ -400,15 +406,7 @@ func TestReapplyKeepsTheFloodKey(t *testing.T) {
 	keys := make([][2]uint64, 0, 2)
 	for _, pol := range []*policy.Policy{parse(t, dir, "a.yaml", policyA), parse(t, dir, "b.yaml", policyB)} {
 		mustApply(t, fw, pol, p.IfB)
-		st, err := fw.state(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		g, err := fw.readGen(h, st.live)
-		if err != nil || g == nil {
-			t.Fatalf("generation %d: %v", st.live, err)
-		}
-		keys = append(keys, g.FloodKey)
+		keys = append(keys, liveGen(t, fw, h).FloodKey)
 	}
 	if keys[0] == ([2]uint64{}) || keys[1] != keys[0] {
 		t.Errorf("flood keys %x then %x: want one key, drawn once", keys[0], keys[1])
