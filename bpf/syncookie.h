@@ -246,7 +246,7 @@ static __always_inline int read_tcp(void *ctx, const struct pkt *p, struct tcp_h
 	if (p->l4_len < L4_FLAGS || load_bytes(ctx, p->l4_off, h, 20, skb))
 		return -1;
 	__u32 hl = (h->doff_res >> 4) * 4;
-	if (hl < 20)
+	if (hl < 20 || p->l4_off + hl > p->l3_off + p->len) /* options past the datagram: the kernel drops it */
 		return -1;
 	__u64 optlen = hl - 20; /* 64 bits: checked and used in one register */
 	if (optlen == 0)
@@ -482,7 +482,8 @@ static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, _
 	const __u32 l4 = v6 ? 54 : 34;
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	const struct tcp_head *th = data + l4;
-	if (p->l3_off != 14 || p->l4_off != l4 || (void *)(th + 1) > end || th->doff_res >> 4 < 5)
+	if (p->l3_off != 14 || p->l4_off != l4 || (void *)(th + 1) > end || th->doff_res >> 4 < 5 ||
+	    l4 + (th->doff_res >> 4) * 4 > 14 + p->len)
 		return 0;
 	struct tcp_opts o = {};
 	if (!fast_opts((const __u8 *)(th + 1), end, (th->doff_res >> 4) * 4 - 20, &o))

@@ -214,6 +214,29 @@ func TestSynAckInPlace(t *testing.T) {
 	}
 }
 
+// TestSynWithOptionsPastItsDatagram: a SYN whose header and options run
+// past the IP datagram's end (into the frame's padding) is malformed to the
+// kernel, which drops it; neither answer may take it for a SYN.
+func TestSynWithOptionsPastItsDatagram(t *testing.T) {
+	l := load(t, datapath.KindXDP, "rules:\n  - {name: web, dport: 443, action: syncookie}\n")
+	f := packet.Frame{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.1"), TCPOpts: synOpts,
+		SrcMAC: []byte{2, 0, 0, 0, 0, 0xc}, DstMAC: []byte{2, 0, 0, 0, 0, 0x5}, Proto: 6, Sport: 40000, Dport: 443, TCPFlags: 0x02, Seq: 1000}
+	in := f.Bytes()
+	ip := in[14:34]
+	binary.BigEndian.PutUint16(ip[2:], 20+20+16) // four bytes of the options past the datagram
+	ip[10], ip[11] = 0, 0
+	binary.BigEndian.PutUint16(ip[10:], packet.Checksum(ip))
+	for prog, drop := range map[*ebpf.Program]uint32{l.objs.RampartXdp: 1, l.objs.RampartTc: 2} {
+		ret, err := prog.Run(&ebpf.RunOptions{Data: in})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ret != drop {
+			t.Errorf("%v: returned %d, want %d (dropped)", prog.Type(), ret, drop)
+		}
+	}
+}
+
 // TestCookiesOutliveTheirProgram: programs loaded under one flood key (a
 // re-apply keeps the last one) answer a SYN with the same cookie, so the
 // ACK to the old program's SYN-ACK proves itself to the new one; under
