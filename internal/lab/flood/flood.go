@@ -594,7 +594,10 @@ func (r *Report) finish() {
 			}
 			if k := r.find("kernel-syncookies", SYN, fam, "tcp"); k != nil && k.AnsweredPerCore > 0 {
 				v := c.AnsweredPerCore / k.AnsweredPerCore
-				r.Checks = append(r.Checks, lab.Check{Name: "SYNs answered per receiving core, rampart over the kernel's cookies", Family: fam, Value: v, Target: "≥ 3", Met: v >= 3})
+				r.Checks = append(r.Checks, lab.Check{Name: "SYNs answered per receiving core, rampart over the kernel's cookies", Family: fam, Value: v, Target: "≥ 5", Met: v >= 5})
+			}
+			if c.NsPerPacket > 0 {
+				r.Checks = append(r.Checks, lab.Check{Name: "receiving CPU per SYN, rampart syncookie (ns)", Family: fam, Value: c.NsPerPacket, Target: "≤ 400", Met: c.NsPerPacket <= 400})
 			}
 		}
 		if l := r.find("rampart-limit", Sources, fam, "udp"); l != nil {
