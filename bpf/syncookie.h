@@ -386,11 +386,19 @@ static __always_inline int fast_opts(const __u8 *op, const void *end, __u32 optl
 	return 1;
 }
 
+/* The reply's own values, worked out once from the SYN before any copy of
+ * answer_in_place writes them. */
+struct in_place {
+	struct tcp_opts o;
+	__u32 isn, cookie, tsval;
+};
+
 /* Writes the SYN-ACK over a SYN of the common frame (Ethernet, IP header
- * of l4 - 14 bytes) whose options o and length n (4: the MSS alone; 20:
- * with timestamps and window scale, as build_synack lays them out) are
- * known: the same bytes as write_synack's, written in place. */
-static __always_inline int answer_in_place(struct xdp_md *ctx, const struct pkt *p, __u32 rule, const struct tcp_opts *o, const int v6, const __u32 n)
+ * of l4 - 14 bytes) whose reply options take n bytes (4: the MSS alone;
+ * 20: with timestamps and window scale, as build_synack lays them out):
+ * the same bytes as write_synack's, written in place. v6 and n are
+ * constants, so that every offset is one for the verifier. */
+static __always_inline int answer_in_place(struct xdp_md *ctx, __u32 rule, const struct in_place *a, const int v6, const __u32 n)
 {
 	const __u32 l4 = v6 ? 54 : 34, want = l4 + 20 + n;
 	int have = bpf_xdp_get_buff_len(ctx);
@@ -400,8 +408,8 @@ static __always_inline int answer_in_place(struct xdp_md *ctx, const struct pkt 
 	if (data + want > end)
 		return 0;
 	struct tcp_head *th = data + l4;
-	__u32 isn = bpf_ntohl(th->seq), tsval;
-	__u32 cookie = make_cookie(p, isn, o, &tsval, bpf_ktime_get_coarse_ns() >> COOKIE_SLOT_SHIFT);
+	const struct tcp_opts *o = &a->o;
+	__u32 isn = a->isn, cookie = a->cookie;
 	__u16 mss = (v6 ? msstab6 : msstab4)[(cookie >> COOKIE_MSS_SHIFT) & 3];
 
 	__be16 port = th->sport;
@@ -424,7 +432,7 @@ static __always_inline int answer_in_place(struct xdp_md *ctx, const struct pkt 
 		op[5] = o->sack ? 2 : 1;
 		op[6] = 8;
 		op[7] = 10;
-		*(__be32 *)(op + 8) = bpf_htonl(tsval);
+		*(__be32 *)(op + 8) = bpf_htonl(a->tsval);
 		*(__be32 *)(op + 12) = bpf_htonl(o->tsval);
 		op[16] = 1;
 		op[17] = 3;
@@ -482,15 +490,18 @@ static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, _
 	const __u32 l4 = v6 ? 54 : 34;
 	void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
 	const struct tcp_head *th = data + l4;
-	if (p->l3_off != 14 || p->l4_off != l4 || (void *)(th + 1) > end || th->doff_res >> 4 < 5 ||
-	    l4 + (th->doff_res >> 4) * 4 > 14 + p->len)
+	if (p->l3_off != 14 || p->l4_off != l4 || (void *)(th + 1) > end)
 		return 0;
-	struct tcp_opts o = {};
-	if (!fast_opts((const __u8 *)(th + 1), end, (th->doff_res >> 4) * 4 - 20, &o))
+	__u32 hl = (th->doff_res >> 4) * 4;
+	struct in_place a = {};
+	if (hl < 20 || l4 + hl > 14 + p->len || !fast_opts((const __u8 *)(th + 1), end, hl - 20, &a.o))
 		return 0;
+	/* The tail may move below; the header does not. */
+	a.isn = bpf_ntohl(th->seq);
+	a.cookie = make_cookie(p, a.isn, &a.o, &a.tsval, bpf_ktime_get_coarse_ns() >> COOKIE_SLOT_SHIFT);
 	if (v6)
-		return o.ts ? answer_in_place(ctx, p, rule, &o, 1, 20) : answer_in_place(ctx, p, rule, &o, 1, 4);
-	return o.ts ? answer_in_place(ctx, p, rule, &o, 0, 20) : answer_in_place(ctx, p, rule, &o, 0, 4);
+		return a.o.ts ? answer_in_place(ctx, rule, &a, 1, 20) : answer_in_place(ctx, rule, &a, 1, 4);
+	return a.o.ts ? answer_in_place(ctx, rule, &a, 0, 20) : answer_in_place(ctx, rule, &a, 0, 4);
 }
 
 /* Checks the ACK that may return a cookie, in tc. Segments for a socket
