@@ -90,6 +90,12 @@ func parseSynAck(t *testing.T, b []byte) synAck {
 	return r
 }
 
+// linuxSyn is a Linux client's SYN to port 443.
+func linuxSyn() packet.Frame {
+	return packet.Frame{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.1"), TCPOpts: synOpts,
+		SrcMAC: []byte{2, 0, 0, 0, 0, 0xc}, DstMAC: []byte{2, 0, 0, 0, 0, 0x5}, Proto: 6, Sport: 40000, Dport: 443, TCPFlags: 0x02, Seq: 1000}
+}
+
 // TestSynAckFrames answers SYNs of every shape the parser reads (IPv4 with
 // options, IPv6 with extension headers, one and two VLAN tags) at XDP and at
 // tc, and checks each reply: sent back, tags kept, addresses and ports
@@ -219,8 +225,7 @@ func TestSynAckInPlace(t *testing.T) {
 // kernel, which drops it; neither answer may take it for a SYN.
 func TestSynWithOptionsPastItsDatagram(t *testing.T) {
 	l := load(t, datapath.KindXDP, "rules:\n  - {name: web, dport: 443, action: syncookie}\n")
-	f := packet.Frame{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.1"), TCPOpts: synOpts,
-		SrcMAC: []byte{2, 0, 0, 0, 0, 0xc}, DstMAC: []byte{2, 0, 0, 0, 0, 0x5}, Proto: 6, Sport: 40000, Dport: 443, TCPFlags: 0x02, Seq: 1000}
+	f := linuxSyn()
 	in := f.Bytes()
 	ip := in[14:34]
 	binary.BigEndian.PutUint16(ip[2:], 20+20+16) // four bytes of the options past the datagram
@@ -247,8 +252,7 @@ func TestCookiesOutliveTheirProgram(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := packet.Frame{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.1"), TCPOpts: synOpts,
-		SrcMAC: []byte{2, 0, 0, 0, 0, 0xc}, DstMAC: []byte{2, 0, 0, 0, 0, 0x5}, Proto: 6, Sport: 40000, Dport: 443, TCPFlags: 0x02, Seq: 1000}
+	f := linuxSyn()
 	answer := func(key [2]uint64) []byte {
 		objs, err := datapath.LoadKeyed(compile.Build(pol), key)
 		if err != nil {
