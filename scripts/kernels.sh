@@ -35,17 +35,18 @@ report() {
   done <"$out/$name/results"
 }
 
-# guest NAME KERNEL VNG-ARGS...: boots the kernel and runs kernels-guest.sh,
+# guest NAME KERNEL QEMU-OPTS VNG-ARGS...: boots the kernel (QEMU-OPTS added
+# to the one-thread emulation) and runs kernels-guest.sh,
 # which writes its results to OUT/NAME. The guest's exit code does not come
 # back: the results file says. Its console (-v) shows the kernel's messages.
 guest() {
-  local name="$1" k="$2" start panicked=""
-  shift 2
+  local name="$1" k="$2" opts="$TCG $3" start panicked=""
+  shift 3
   start=$(date +%s)
   echo "$name: booting Linux $k under qemu"
   for try in 1 2 3 4; do
     timeout 1500 "$VNG" -v --run "$RAMPART_KERNEL_CACHE/$k/boot/vmlinuz-$k" --disable-kvm --memory 2G \
-      --rwdir "$out" --qemu-opts="$TCG $qemu" "$@" --exec "bash $PWD/scripts/kernels-guest.sh $out $name" >"$out/$name.console" 2>&1 || true
+      --rwdir "$out" --qemu-opts="$opts" "$@" --exec "bash $PWD/scripts/kernels-guest.sh $out $name" >"$out/$name.console" 2>&1 || true
     if grep -q "RESULT .* done" "$out/$name.console" || ! grep -q "Kernel panic" "$out/$name.console"; then
       break
     fi
@@ -74,13 +75,12 @@ guest() {
 # sched_clock_cpu, hrtimer_start_range_ns, bpf_trace_run4 and
 # kfree_skb_list_reason: another vCPU ran the half-patched instruction.
 TCG="-accel tcg,thread=single"
-qemu=""
 
 # RAMPART_GUESTS picks the guests: all (default), kernels or nics.
 guests="${RAMPART_GUESTS:-all}"
 if [ "$guests" != nics ]; then
   for k in $RAMPART_KERNELS; do
-    guest "$k" "$k" --cpus 2
+    guest "$k" "$k" "" --cpus 2
   done
 fi
 
@@ -114,7 +114,7 @@ for b in 0 1; do
     ip link set "$tap" master "rpk-br$b" up
   done
 done
-guest nics "$nic_kernel" --cpus 4 --disable-microvm
+guest nics "$nic_kernel" "$qemu" --cpus 4 --disable-microvm
 
 echo "kernels: $passed passed, $failed failed (logs: $out)"
 [ "$failed" -eq 0 ]
