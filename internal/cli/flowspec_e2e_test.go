@@ -18,6 +18,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/serve"
+	"github.com/rampart-fw/rampart/internal/stats"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
@@ -603,5 +604,78 @@ func TestFlowSpecScale(t *testing.T) {
 		if strings.Contains(line, "why=flowspec") {
 			t.Log(line[strings.Index(line, "msg="):])
 		}
+	}
+}
+
+// TestFlowSpecInterfaces: with flowspec.interfaces, the routes filter the
+// interfaces named and no other; the local rules filter every interface.
+func TestFlowSpecInterfaces(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	// A second link between the namespaces, which the service filters
+	// without the routes.
+	const ifA, ifB = "fsi-a", "fsi-b"
+	a2, b2 := net.IPv4(10, 99, 0, 1), net.IPv4(10, 99, 0, 2)
+	testutil.Run(t, "ip", "-n", p.NsA, "link", "add", ifA, "type", "veth", "peer", "name", ifB, "netns", p.NsB)
+	testutil.Run(t, "ip", "-n", p.NsA, "addr", "add", a2.String()+"/30", "dev", ifA)
+	testutil.Run(t, "ip", "-n", p.NsB, "addr", "add", b2.String()+"/30", "dev", ifB)
+	testutil.Run(t, "ip", "-n", p.NsA, "link", "set", ifA, "up")
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", ifB, "up")
+	testutil.WaitLinks(t, p.NsA, ifA)
+	testutil.WaitLinks(t, p.NsB, ifB)
+
+	pol := writeFile(t, "policy.yaml", fmt.Sprintf(`flowspec:
+  local_as: 65001
+  router_id: 192.0.2.1
+  neighbors: [{address: %s, peer_as: 65000}]
+  interfaces: [%s]
+rules:
+  - {name: local, proto: udp, dport: 9601, action: drop}
+default: pass
+`, p.A4, p.IfB))
+	args := []string{"--netns", p.NsB, "-f", pol, "--iface", p.IfB, "--iface", ifB}
+	_, _, log := startServe(t, args...)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("rampart serve:\n%s", log)
+		}
+		rampart(t, "detach", "--netns", p.NsB, "--iface", p.IfB, "--iface", ifB)
+	})
+	bgp := startGoBGP(t, p.NsA, p.A4, p.B4, 65000, 65001)
+	within(t, "the BGP session up", 20*time.Second, func() bool {
+		s := flowspecShow(t, p.NsB)
+		return len(s.Neighbors) == 1 && s.Neighbors[0].Up
+	})
+	arrive := func(to net.IP, port int) int {
+		rx := testutil.UDPListener(t, p.NsB, to, port)
+		defer rx.Close()
+		testutil.SendUDP(t, p.NsA, to, port, 20)
+		return testutil.CountUDP(rx, 150*time.Millisecond)
+	}
+	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", "0.0.0.0/0", "protocol", "udp", "destination-port", "==9600", "then", "discard")
+	within(t, "the route enforced on "+p.IfB, 10*time.Second, func() bool { return arrive(p.B4, 9600) == 0 })
+	if n := arrive(b2, 9600); n != 20 {
+		t.Errorf("%d of 20 datagrams over %s, which the routes do not filter, arrived", n, ifB)
+	}
+	for _, to := range []net.IP{p.B4, b2} {
+		if n := arrive(to, 9601); n != 0 {
+			t.Errorf("%d of 20 datagrams to %s met the local drop rule and arrived", n, to)
+		}
+	}
+	// The route's rule is in the one interface's policy, the local one in both.
+	r := routeByMatch(flowspecShow(t, p.NsB), "dport =9600")
+	if r == nil {
+		t.Fatal("the route is not shown")
+	}
+	var snap stats.Snapshot
+	jsonOf(t, &snap, "stats", "--netns", p.NsB)
+	has := map[string]map[string]bool{p.IfB: {}, ifB: {}}
+	for _, row := range snap.Rows {
+		if has[row.Iface] != nil {
+			has[row.Iface][row.Name] = true
+		}
+	}
+	if !has[p.IfB][r.Name] || has[ifB][r.Name] || !has[p.IfB]["local"] || !has[ifB]["local"] {
+		t.Errorf("rules by interface: %v (the route's rule is %s)", has, r.Name)
 	}
 }

@@ -18,10 +18,13 @@ import (
 // ApplyRequest is one apply: a validated policy onto interfaces.
 type ApplyRequest struct {
 	Policy *policy.Policy
-	Ifaces []string
-	Mode   datapath.Mode // "" is auto
-	Egress bool
-	Force  bool // replace another program's XDP
+	// PolicyOf gives interfaces a policy of their own in place of Policy
+	// (serve's FlowSpec routes, on the interfaces their section names).
+	PolicyOf map[string]*policy.Policy
+	Ifaces   []string
+	Mode     datapath.Mode // "" is auto
+	Egress   bool
+	Force    bool // replace another program's XDP
 	// Confirm leaves the apply pending: unless Confirm is called before the
 	// deadline, the previous policies come back by themselves, even if this
 	// process dies. Zero confirms before Apply returns.
@@ -76,10 +79,9 @@ func reach(where string) {
 	}
 }
 
-// Apply compiles the policy and swaps it onto every hook, all or nothing:
+// Apply compiles the policies and swaps them onto every hook, all or nothing:
 // when one hook fails, the hooks already changed go back.
 func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
-	pol := req.Policy
 	if len(req.Ifaces) == 0 {
 		return nil, errors.New("no interface to apply to")
 	}
@@ -96,12 +98,24 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	if err := datapath.Require(datapath.FeaturesFilter...); err != nil {
 		return nil, err
 	}
-	if r := firstRule(pol, policy.Syncookie); r != nil {
-		if req.Egress {
-			return nil, fmt.Errorf("%s:%d: rule %q: syncookie answers incoming SYNs; apply it without --egress", pol.File, r.Line, r.Name)
+	// Each distinct policy is compiled and loaded once, for the hooks it
+	// goes on.
+	var pols []*policy.Policy
+	polOf := map[string]int{}
+	for _, ifc := range req.Ifaces {
+		pol := req.Policy
+		if p := req.PolicyOf[ifc]; p != nil {
+			pol = p
 		}
-		if err := datapath.Require(datapath.FeatureTCPReqsk); err != nil {
-			return nil, fmt.Errorf("%s:%d: rule %q: %w", pol.File, r.Line, r.Name, err)
+		i := slices.Index(pols, pol)
+		if i < 0 {
+			i, pols = len(pols), append(pols, pol)
+		}
+		polOf[ifc] = i
+	}
+	for _, pol := range pols {
+		if err := checkSyncookie(pol, req.Egress); err != nil {
+			return nil, err
 		}
 	}
 	var hooks []Hook
@@ -136,44 +150,60 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		return nil, fmt.Errorf("finish what an earlier command left: %w (nothing was changed)", err)
 	}
 
-	// In-place list changes still live carry over into the new tables.
+	// In-place list changes still live carry over into the new tables,
+	// once into a list the policies share.
 	ops, err := fw.liveOps()
 	if err != nil {
 		return nil, err
 	}
 	for _, op := range ops {
-		if l := pol.Lists[op.List]; l != nil {
-			l.Ops = append(l.Ops, op)
+		var took []*policy.List
+		for _, pol := range pols {
+			if l := pol.Lists[op.List]; l != nil && !slices.Contains(took, l) {
+				l.Ops = append(l.Ops, op)
+				took = append(took, l)
+			}
+		}
+		if len(took) > 0 {
 			res.LiveChanges = append(res.LiveChanges, op)
 		}
 	}
-	img := compile.Build(pol)
-	if err := datapath.CheckCap(img.KernelBytes(), fw.maxTableBytes); err != nil {
-		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
-	}
-	// Hashing the image reads all its tables (hundreds of MB for lists of
-	// millions): it overlaps the kernel's loading of them.
-	hash := make(chan string, 1)
-	go func() { hash <- img.Hash() }()
 	key, err := fw.floodKey(hooks)
 	if err != nil {
 		return nil, err
 	}
-	objs, err := datapath.LoadKeyed(img, key)
-	if err != nil {
-		return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+	loaded := make([]struct {
+		objs *datapath.Objects
+		meta generation
+	}, len(pols))
+	var kernelBytes uint64
+	for i, pol := range pols {
+		img := compile.Build(pol)
+		kernelBytes += img.KernelBytes()
+		if err := datapath.CheckCap(kernelBytes, fw.maxTableBytes); err != nil {
+			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+		}
+		// Hashing the image reads all its tables (hundreds of MB for lists
+		// of millions): it overlaps the kernel's loading of them.
+		hash := make(chan string, 1)
+		go func() { hash <- img.Hash() }()
+		objs, err := datapath.LoadKeyed(img, key)
+		if err != nil {
+			<-hash
+			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+		}
+		defer objs.Close()
+		loaded[i].objs, loaded[i].meta = objs, describe(pol, img, <-hash)
+		loaded[i].meta.FloodKey = key
 	}
-	defer objs.Close()
-
-	meta := describe(pol, img, <-hash)
-	meta.FloodKey = key
 	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
 		res.ConfirmDeadline = tx.deadline.UTC()
 	}
 	for _, h := range hooks {
-		a, err := tx.install(h, objs, meta, mode, req.Force)
+		l := loaded[polOf[h.Iface]]
+		a, err := tx.install(h, l.objs, l.meta, mode, req.Force)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("%s: %w", h, err), tx.rollback())
 		}
@@ -199,6 +229,21 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		return res, fmt.Errorf("the new policy is live, but cleaning up after it failed: %w", err)
 	}
 	return res, nil
+}
+
+// checkSyncookie refuses a syncookie rule the hooks cannot serve.
+func checkSyncookie(pol *policy.Policy, egress bool) error {
+	r := firstRule(pol, policy.Syncookie)
+	if r == nil {
+		return nil
+	}
+	if egress {
+		return fmt.Errorf("%s:%d: rule %q: syncookie answers incoming SYNs; apply it without --egress", pol.File, r.Line, r.Name)
+	}
+	if err := datapath.Require(datapath.FeatureTCPReqsk); err != nil {
+		return fmt.Errorf("%s:%d: rule %q: %w", pol.File, r.Line, r.Name, err)
+	}
+	return nil
 }
 
 // floodKey is the key the newest generation of the first of hooks that

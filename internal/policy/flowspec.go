@@ -24,6 +24,10 @@ type FlowSpec struct {
 	// or before or after the rule named Anchor.
 	Position string
 	Anchor   string
+	// Interfaces are those the routes filter; none: every interface the
+	// service filters.
+	Interfaces     []string
+	InterfacesLine int
 }
 
 // Neighbor is a BGP peer allowed to send FlowSpec routes.
@@ -84,7 +88,7 @@ func (pol *Policy) FlowSpecAt() int {
 }
 
 func (p *parser) flowspec(n *yaml.Node, pol *Policy) error {
-	f, err := p.fields(n, "flowspec", "local_as", "router_id", "listen", "neighbors", "position")
+	f, err := p.fields(n, "flowspec", "local_as", "router_id", "listen", "neighbors", "position", "interfaces")
 	if err != nil {
 		return err
 	}
@@ -137,8 +141,31 @@ func (p *parser) flowspec(n *yaml.Node, pol *Policy) error {
 			return p.errf(pn, "flowspec.position", "%q: must be auto, first, last, before RULE or after RULE", pn.Value)
 		}
 	}
+	if in := f["interfaces"]; in != nil {
+		names, err := p.strings(in, "flowspec.interfaces")
+		if err != nil {
+			return err
+		}
+		if len(names) == 0 {
+			return p.errf(in, "flowspec.interfaces", "empty: omit it for every interface the service filters")
+		}
+		for i, name := range names {
+			if name == "" || len(name) > 15 || strings.ContainsAny(name, "/ \t\n:") {
+				return p.errf(in, "flowspec.interfaces", "%q: not an interface name", name)
+			}
+			if slices.Contains(names[:i], name) {
+				return p.errf(in, "flowspec.interfaces", "%s is named twice", name)
+			}
+		}
+		fs.Interfaces, fs.InterfacesLine = names, in.Line
+	}
 	pol.FlowSpec = fs
 	return nil
+}
+
+// Filters reports whether the routes filter the interface; f may be nil.
+func (f *FlowSpec) Filters(iface string) bool {
+	return f != nil && (len(f.Interfaces) == 0 || slices.Contains(f.Interfaces, iface))
 }
 
 func (p *parser) asn(parent, n *yaml.Node, field string) (uint32, error) {

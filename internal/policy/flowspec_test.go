@@ -16,6 +16,7 @@ func TestFlowSpecSection(t *testing.T) {
     - {address: 192.0.2.2, peer_as: 65000}
     - {address: "2001:db8::2", peer_as: AS65002, families: [ipv6], max_routes: 50, hold_time: 9s}
   position: after ssh
+  interfaces: [eth0, eth1]
 rules:
   - {name: ssh, dport: 22, proto: tcp, action: pass}
   - {name: web, dport: 80, proto: tcp, action: pass}
@@ -33,6 +34,9 @@ rules:
 	}
 	if n := f.Neighbors[1]; n.IPv4 || !n.IPv6 || n.MaxRoutes != 50 || n.HoldTime != 9*time.Second || n.PeerAS != 65002 {
 		t.Errorf("second neighbor: %+v", n)
+	}
+	if !f.Filters("eth1") || f.Filters("eth2") || !(&FlowSpec{}).Filters("eth2") || (*FlowSpec)(nil).Filters("eth0") {
+		t.Errorf("interfaces %v: filters eth1 %v, eth2 %v", f.Interfaces, f.Filters("eth1"), f.Filters("eth2"))
 	}
 	for pos, want := range map[string]int{"after ssh": 1, "before bad": 2, "first": 0, "last": 3, "auto": 2} {
 		f.Position, f.Anchor, _ = strings.Cut(pos, " ")
@@ -55,6 +59,9 @@ func TestFlowSpecErrors(t *testing.T) {
 		{"hold time", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  neighbors:\n    - {address: 192.0.2.2, peer_as: 2, hold_time: 1s}\nrules: []", `p.yaml:5: flowspec.neighbors.hold_time: "1s"`},
 		{"max routes", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  neighbors:\n    - {address: 192.0.2.2, peer_as: 2, max_routes: 0}\nrules: []", `p.yaml:5: flowspec.neighbors.max_routes: "0"`},
 		{"no anchor", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  position: before nope\n" + nb + "rules: []", `p.yaml:4: flowspec.position: no rule is named "nope"`},
+		{"no interfaces", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  interfaces: []\n" + nb + "rules: []", "p.yaml:4: flowspec.interfaces: empty"},
+		{"bad interface", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  interfaces: [eth0, a/b]\n" + nb + "rules: []", `p.yaml:4: flowspec.interfaces: "a/b": not an interface name`},
+		{"interface twice", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  interfaces: [eth0, eth0]\n" + nb + "rules: []", "p.yaml:4: flowspec.interfaces: eth0 is named twice"},
 		{"bad position", "flowspec:\n  local_as: 1\n  router_id: 192.0.2.1\n  position: middle\n" + nb + "rules: []", `p.yaml:4: flowspec.position: "middle"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {

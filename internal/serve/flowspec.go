@@ -2,7 +2,10 @@ package serve
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,15 +48,24 @@ func newFSFeed() *fsFeed {
 }
 
 // flowspecRules starts, restarts or stops the speaker for pol's section,
-// and places the table's routes among pol's rules; under d.mu. A speaker
+// and places the table's routes among pol's rules; under d.mu. When the
+// section names interfaces, pol stays as it is for the others, and the
+// policy with the routes is returned for each named one. A speaker
 // that cannot start (its address in use) is an error at the service's
 // start, which then changes nothing on the host; later, the policy applies
 // with the routes held and the speaker is tried again at the next reload.
-func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
+func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) (map[string]*policy.Policy, error) {
+	c := pol.FlowSpec
+	if c != nil {
+		for _, name := range c.Interfaces {
+			if !slices.Contains(d.opt.Ifaces, name) {
+				return nil, fmt.Errorf("%s:%d: flowspec.interfaces: %s is not an interface this service filters (--iface %s)", pol.File, c.InterfacesLine, name, strings.Join(d.opt.Ifaces, ", "))
+			}
+		}
+	}
 	f := d.fs
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c := pol.FlowSpec
 	if c == nil || !c.SameSpeaker(f.cfg) {
 		if f.speaker != nil {
 			f.speaker.Stop()
@@ -68,7 +80,7 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 	f.cfg = c
 	if c == nil {
 		f.next = nil
-		return nil
+		return nil, nil
 	}
 	for _, nb := range c.Neighbors {
 		f.table.Limit(nb.Address, nb.MaxRoutes) // a higher max_routes takes what waits
@@ -78,7 +90,7 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 		switch {
 		case err != nil && start:
 			f.cfg = nil
-			return err
+			return nil, err
 		case err != nil:
 			d.log.Error("flowspec: the speaker did not start; the policy applies with the routes held, and the speaker is tried again at the next reload", "err", err)
 			f.cfg = nil
@@ -87,13 +99,23 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) error {
 			d.log.Info("flowspec: speaker listening", "listen", c.Listen.String(), "neighbors", len(c.Neighbors))
 		}
 	}
+	routed, policyOf := pol, map[string]*policy.Policy{}
+	if len(c.Interfaces) > 0 {
+		// Place adds lists and rules: to a copy, which shares pol's lists.
+		routed = &policy.Policy{}
+		*routed = *pol
+		routed.Lists, routed.Rules = maps.Clone(pol.Lists), slices.Clone(pol.Rules)
+		for _, name := range c.Interfaces {
+			policyOf[name] = routed
+		}
+	}
 	entries := f.table.Entries()
-	flowspec.Place(pol, entries)
+	flowspec.Place(routed, entries)
 	f.next = make([]flowspec.Entry, len(entries))
 	for i, e := range entries {
 		f.next[i] = *e
 	}
-	return nil
+	return policyOf, nil
 }
 
 // flowspecApplied records the routes of the policy just applied as the

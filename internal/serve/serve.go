@@ -210,12 +210,13 @@ func (d *Daemon) reloadLocked(why string) error {
 	start := time.Now()
 	pol, err := policy.Load(d.opt.PolicyFile, policy.Options{})
 	var res *engine.ApplyResult
+	var policyOf map[string]*policy.Policy
 	if err == nil {
 		d.crowdsecList(pol)
-		err = d.flowspecRules(pol, why == "start")
+		policyOf, err = d.flowspecRules(pol, why == "start")
 	}
 	if err == nil {
-		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
+		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, PolicyOf: policyOf, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
 	}
 	d.lastReload, d.lastOK = time.Now(), err == nil
 	d.reloads[err == nil]++
