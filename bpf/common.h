@@ -50,6 +50,7 @@ enum match_field {
 	MATCH_ICMP_CODE = 1 << 10,
 	MATCH_DSCP = 1 << 11,
 	MATCH_FRAGMENT = 1 << 12,
+	MATCH_FLOW_LABEL = 1 << 13, /* IPv6's; an IPv4 frame has none and never matches */
 };
 
 /* A frame's fragment bits, as BGP FlowSpec names them (RFC 8955 §4.2.2.12). */
@@ -77,6 +78,7 @@ struct rule {
 	__u8 dscp_lo, dscp_hi;
 	__u8 frag_set;   /* enum fragment bits that must be set */
 	__u8 frag_clear; /* and clear */
+	__u32 flow_lo, flow_hi; /* IPv6 flow label */
 };
 
 /* The classifier. Rules are not scanned: each field of a frame maps to an

@@ -118,9 +118,14 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 		return NO_MATCH;
 	if ((f & MATCH_LENGTH) && (p->len < r->len_lo || p->len > r->len_hi))
 		return NO_MATCH;
-	/* DSCP is the IP header's: known whatever follows. */
+	/* DSCP and the flow label are the IP header's: known whatever follows. */
 	if ((f & MATCH_DSCP) && (p->dscp < r->dscp_lo || p->dscp > r->dscp_hi))
 		return NO_MATCH;
+	if (f & MATCH_FLOW_LABEL) {
+		__u32 flow = (__u32)p->flow[0] << 16 | (__u32)p->flow[1] << 8 | p->flow[2];
+		if (p->family != 6 || flow < r->flow_lo || flow > r->flow_hi)
+			return NO_MATCH;
+	}
 	if (f & MATCH_PROTO) {
 		if (p->l4 == L4_UNKNOWN)
 			return MATCH_UNKNOWN;

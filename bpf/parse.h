@@ -45,6 +45,8 @@ struct pkt {
 	__u32 len;      /* L3 length: IPv4 total length, IPv6 payload + 40 */
 	__u16 sport;    /* host byte order */
 	__u16 dport;
+	__u16 l3_off;   /* where the IP header starts */
+	__u16 l4_off;   /* where the TCP or UDP header starts (when l4_len) */
 	__u8 family;    /* 4 or 6 */
 	__u8 proto;     /* L4 protocol; for IPv6 the one at the end of the chain */
 	__u8 tcp_flags;
@@ -54,8 +56,7 @@ struct pkt {
 	__u8 icmp_code;
 	__u8 dscp;      /* IPv4's TOS, IPv6's traffic class, without ECN */
 	__u8 frag;      /* enum fragment; IPv6: known unless l4 is L4_UNKNOWN */
-	__u16 l3_off;   /* where the IP header starts */
-	__u16 l4_off;   /* where the TCP or UDP header starts (when l4_len) */
+	__u8 flow[3];   /* IPv6's flow label, big-endian: the struct's padding */
 };
 
 /* Offsets up to this are read in place: the verifier wants a bound, and a
@@ -298,6 +299,9 @@ static __always_inline int ipv6_header(const struct frame *f, __u32 off, const s
 	p->family = 6;
 	p->len = end - off;
 	p->dscp = ((ip6->priority << 4) | (ip6->flow_lbl[0] >> 4)) >> 2;
+	p->flow[0] = ip6->flow_lbl[0] & 0x0f;
+	p->flow[1] = ip6->flow_lbl[1];
+	p->flow[2] = ip6->flow_lbl[2];
 	__builtin_memcpy(p->saddr, &ip6->saddr, 16);
 	__builtin_memcpy(p->daddr, &ip6->daddr, 16);
 	p->proto = ip6->nexthdr;

@@ -29,6 +29,8 @@ type Rule struct {
 	DscpHi     uint8
 	FragSet    uint8
 	FragClear  uint8
+	FlowLo     uint32
+	FlowHi     uint32
 }
 
 // Counter is struct counter.
@@ -222,19 +224,20 @@ const (
 
 // enum match_field
 const (
-	MatchSrc      = 1
-	MatchDst      = 2
-	MatchProto    = 4
-	MatchSport    = 8
-	MatchDport    = 16
-	MatchTCPFlags = 32
-	MatchLength   = 64
-	MatchIPv4     = 128
-	MatchIPv6     = 256
-	MatchIcmpType = 512
-	MatchIcmpCode = 1024
-	MatchDscp     = 2048
-	MatchFragment = 4096
+	MatchSrc       = 1
+	MatchDst       = 2
+	MatchProto     = 4
+	MatchSport     = 8
+	MatchDport     = 16
+	MatchTCPFlags  = 32
+	MatchLength    = 64
+	MatchIPv4      = 128
+	MatchIPv6      = 256
+	MatchIcmpType  = 512
+	MatchIcmpCode  = 1024
+	MatchDscp      = 2048
+	MatchFragment  = 4096
+	MatchFlowLabel = 8192
 )
 
 // enum fragment

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/rampart-fw/rampart/internal/netns"
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/serve"
 	"github.com/rampart-fw/rampart/internal/stats"
 	"github.com/rampart-fw/rampart/internal/testutil"
@@ -173,8 +175,7 @@ func TestFlowSpec(t *testing.T) {
 	}
 
 	// A drop, a rate limit, an IPv6 drop, a DSCP drop (the datagrams are
-	// DSCP 0: they pass), and a route the data plane cannot match (an
-	// IPv6 flow label).
+	// DSCP 0: they pass), and an IPv6 flow label drop.
 	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9500", "then", "discard")
 	bgp.run("global", "rib", "-a", "ipv4-flowspec", "add", "match", "destination", p.B4.String()+"/32", "protocol", "udp", "destination-port", "==9502", "then", "rate-limit", "2000")
 	bgp.run("global", "rib", "-a", "ipv6-flowspec", "add", "match", "destination", p.B6.String()+"/128", "protocol", "udp", "destination-port", "==9503", "then", "discard")
@@ -203,15 +204,29 @@ func TestFlowSpec(t *testing.T) {
 		t.Errorf("the rate route: %+v", limit)
 	case dscp == nil || dscp.State != "installed":
 		t.Errorf("the DSCP route: %+v", dscp)
-	case label == nil || label.State != "unsupported" || !strings.Contains(label.Reason, "flow-label"):
+	case label == nil || label.State != "installed":
 		t.Errorf("the flow label route: %+v", label)
+	}
+	// Datagrams of flow label 5 meet the label route, of label 6 none.
+	rxLabel := testutil.UDPListener(t, p.NsB, p.B6, 9504)
+	for fl, want := range map[uint32]int{5: 0, 6: 20} {
+		f := packet.Frame{SrcMAC: testutil.MAC(t, p.NsA, p.IfA), DstMAC: testutil.MAC(t, p.NsB, p.IfB), Src: netip.AddrFrom16([16]byte(p.A6.To16())),
+			Dst: netip.AddrFrom16([16]byte(p.B6.To16())), FlowLabel: fl, Proto: 17, Sport: 40000, Dport: 9504, Payload: 16}
+		frames := make([][]byte, 20)
+		for i := range frames {
+			frames[i] = f.Bytes()
+		}
+		testutil.SendRaw(t, p.NsA, p.IfA, frames)
+		if n := testutil.CountUDP(rxLabel, 150*time.Millisecond); n != want {
+			t.Errorf("flow label %d: %d of 20 datagrams arrived, want %d", fl, n, want)
+		}
 	}
 	text := scrape(t, port)
 	if v := metric(t, text, "rampart_flowspec_packets_total", `action="drop",route="`+drop.Name+`"`); v < 20 {
 		t.Errorf("rampart_flowspec_packets_total of the drop route: %v\n%s", v, text)
 	}
-	if v := metric(t, text, "rampart_flowspec_routes", `state="installed"`); v != 4 {
-		t.Errorf("routes installed: %v, want 4", v)
+	if v := metric(t, text, "rampart_flowspec_routes", `state="installed"`); v != 5 {
+		t.Errorf("routes installed: %v, want 5", v)
 	}
 	if v := metric(t, text, "rampart_flowspec_session_up", `neighbor="`+p.A4.String()+`"`); v != 1 {
 		t.Errorf("session metric: %v", v)

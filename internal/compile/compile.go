@@ -72,7 +72,7 @@ func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, 
 	}
 	if r.Length != nil {
 		cr.Match |= abi.MatchLength
-		cr.LenLo, cr.LenHi = r.Length.Lo, r.Length.Hi
+		cr.LenLo, cr.LenHi = uint16(r.Length.Lo), uint16(r.Length.Hi)
 	}
 	if r.HasFlags {
 		cr.Match |= abi.MatchTCPFlags
@@ -90,6 +90,10 @@ func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, 
 		cr.Match |= abi.MatchDscp
 		cr.DscpLo, cr.DscpHi = uint8(r.DSCP.Lo), uint8(r.DSCP.Hi)
 	}
+	if r.FlowLabel != nil {
+		cr.Match |= abi.MatchFlowLabel
+		cr.FlowLo, cr.FlowHi = r.FlowLabel.Lo, r.FlowLabel.Hi
+	}
 	if r.HasFrag {
 		cr.Match |= abi.MatchFragment
 		cr.FragSet, cr.FragClear = r.FragOn, r.FragOff
@@ -101,11 +105,11 @@ func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, 
 			e := cr
 			if sp != nil {
 				e.Match |= abi.MatchSport
-				e.SportLo, e.SportHi = sp.Lo, sp.Hi
+				e.SportLo, e.SportHi = uint16(sp.Lo), uint16(sp.Hi)
 			}
 			if dp != nil {
 				e.Match |= abi.MatchDport
-				e.DportLo, e.DportHi = dp.Lo, dp.Hi
+				e.DportLo, e.DportHi = uint16(dp.Lo), uint16(dp.Hi)
 			}
 			out = append(out, e)
 		}

@@ -213,7 +213,7 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 			f = append(f, "length: "+strconv.Quote(randomRange(rng, 0, 200)))
 		}
 		// The fields the leaf checks (BGP FlowSpec's): ICMP type and code,
-		// DSCP, fragment bits.
+		// DSCP, flow label, fragment bits.
 		l4 := slices.ContainsFunc(f, func(s string) bool { return strings.Contains(s, "port: ") || strings.HasPrefix(s, "tcp_flags") })
 		if (proto == "icmp" || proto == "icmpv6" || proto == "") && !l4 && rng.IntN(3) == 0 {
 			f = append(f, "icmp_type: "+strconv.Quote(randomRange(rng, 0, 10)))
@@ -223,6 +223,9 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 		}
 		if rng.IntN(6) == 0 {
 			f = append(f, "dscp: "+strconv.Quote(randomRange(rng, 8, 14)))
+		}
+		if rng.IntN(8) == 0 && proto != "icmp" && !strings.Contains(strings.Join(f, ","), "family: 4") {
+			f = append(f, "flow_label: "+strconv.Quote(randomRange(rng, 0, 6)))
 		}
 		if rng.IntN(5) == 0 {
 			f = append(f, fmt.Sprintf("fragment: %q", []string{"is", "!is", "first", "last", "df", "!df,!is", "is,!last", "!first,!is"}[rng.IntN(8)]))
@@ -303,6 +306,9 @@ func randomFrame(rng *rand.Rand) []byte {
 		ICMPCode: uint8(rng.IntN(4)),
 		TOS:      uint8(8+rng.IntN(8)) << 2,
 		DF:       rng.IntN(2) == 0,
+	}
+	if v6 {
+		f.FlowLabel = uint32(rng.IntN(8)) | uint32(rng.IntN(2))<<19 // the 20th bit: the label is read whole
 	}
 	if rng.IntN(5) == 0 {
 		f.VLANs = make([]uint16, 1+rng.IntN(2))

@@ -19,6 +19,7 @@ type Frame struct {
 	IPOptions []byte   // IPv4 options, a multiple of 4 bytes
 	Ext       []ExtHdr // IPv6 extension headers in order
 	TOS       uint8    // IPv4's TOS, IPv6's traffic class: DSCP << 2 | ECN
+	FlowLabel uint32   // IPv6's, 20 bits
 	DF        bool     // IPv4's don't-fragment
 	FragOff   uint16   // fragment offset in 8-byte units
 	MoreFrags bool
@@ -122,7 +123,8 @@ func (f Frame) Bytes() []byte {
 	}
 	ip := make([]byte, 40)
 	ip[0] = 0x60 | f.TOS>>4
-	ip[1] = f.TOS << 4
+	ip[1] = f.TOS<<4 | byte(f.FlowLabel>>16)&0x0f
+	ip[2], ip[3] = byte(f.FlowLabel>>8), byte(f.FlowLabel)
 	binary.BigEndian.PutUint16(ip[4:], uint16(len(ext)+len(l4)))
 	ip[6] = next
 	ip[7] = 64

@@ -112,8 +112,11 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 	if r.Length != nil && (p.Len < int(r.Length.Lo) || p.Len > int(r.Length.Hi)) {
 		return noMatch
 	}
-	// DSCP is the IP header's: known whatever follows.
+	// DSCP and the flow label are the IP header's: known whatever follows.
 	if r.DSCP != nil && (p.DSCP < uint8(r.DSCP.Lo) || p.DSCP > uint8(r.DSCP.Hi)) {
+		return noMatch
+	}
+	if r.FlowLabel != nil && (!p.IsIPv6 || p.FlowLabel < r.FlowLabel.Lo || p.FlowLabel > r.FlowLabel.Hi) {
 		return noMatch
 	}
 	if r.Proto >= 0 {

@@ -73,13 +73,15 @@ func TestFlowSpecErrors(t *testing.T) {
 	}
 }
 
-// The fields BGP FlowSpec brings to rules: ICMP type and code, DSCP and
-// fragment bits, read and refused as the other fields are.
+// The fields BGP FlowSpec brings to rules: ICMP type and code, DSCP,
+// fragment bits and the flow label, read and refused as the other fields
+// are.
 func TestLeafFields(t *testing.T) {
 	pol, err := Parse("p.yaml", []byte(`rules:
   - {name: echo, proto: icmp, icmp_type: 8, icmp_code: 0-3, action: drop}
   - {name: ef, dscp: 46, action: pass}
   - {name: frags, fragment: "is,!last", action: drop}
+  - {name: label, flow_label: 100-1048575, action: drop}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +91,7 @@ func TestLeafFields(t *testing.T) {
 	}
 	r := pol.Rules
 	if *r[0].ICMPType != (Range{8, 8}) || *r[0].ICMPCode != (Range{0, 3}) || *r[1].DSCP != (Range{46, 46}) ||
-		!r[2].HasFrag || r[2].FragOn != FragIs || r[2].FragOff != FragLast {
+		!r[2].HasFrag || r[2].FragOn != FragIs || r[2].FragOff != FragLast || *r[3].FlowLabel != (Range{100, MaxFlowLabel}) {
 		t.Fatalf("read as %+v", r)
 	}
 	if !r[0].NeedsL4() || r[1].NeedsL4() || !r[2].NeedsL4() {
@@ -98,11 +100,16 @@ func TestLeafFields(t *testing.T) {
 	if !strings.Contains(r[2].MatchKey(), "fragment=is,!last") || !strings.Contains(r[0].MatchKey(), "icmp_type=8;icmp_code=0-3") {
 		t.Errorf("match keys %q, %q", r[0].MatchKey(), r[2].MatchKey())
 	}
+	if r[3].NeedsL4() || !strings.Contains(r[3].MatchKey(), "flow_label=100-1048575") {
+		t.Errorf("the flow label rule: NeedsL4 %v, match key %q", r[3].NeedsL4(), r[3].MatchKey())
+	}
 	for _, c := range []struct{ yaml, want string }{
 		{"{name: a, proto: tcp, icmp_type: 8, action: drop}", "p.yaml:2: icmp_type: rule \"a\" matches an ICMP type or code but its proto is not icmp"},
 		{"{name: a, dport: 80, icmp_code: 1, action: drop}", "p.yaml:2: icmp_type: rule \"a\" matches an ICMP type or code and ports"},
 		{"{name: a, icmp_type: 256, action: drop}", `p.yaml:2: icmp_type: "256": at most 255`},
 		{"{name: a, dscp: 64, action: drop}", `p.yaml:2: dscp: "64": at most 63`},
+		{"{name: a, flow_label: 1048576, action: drop}", `p.yaml:2: flow_label: "1048576": values go up to 1048575`},
+		{"{name: a, family: 4, flow_label: 5, action: drop}", `p.yaml:2: flow_label: rule "a" matches a flow label, which only IPv6 has, and IPv4 alone`},
 		{"{name: a, fragment: middle, action: drop}", `p.yaml:2: fragment: "middle": unknown fragment bit "middle" (fragment bits: df,is,first,last`},
 		{"{name: a, fragment: 'is,!is', action: drop}", `a fragment bit cannot be both set and clear`},
 	} {

@@ -44,19 +44,20 @@ const (
 
 // Packet is what the parser extracts from a frame.
 type Packet struct {
-	Src, Dst netip.Addr
-	Len      int // L3 length: IPv4 total length, IPv6 payload + 40
-	Proto    int
-	Sport    uint16
-	Dport    uint16
-	TCPFlags uint8
-	L4       L4State
-	L4Len    int // TCP and UDP: 0, 4 (ports) or 14 (ports and flags) bytes read; ICMP: 0 or 2
-	IsIPv6   bool
-	ICMPType uint8 // ICMP and ICMPv6, when L4Len is 2
-	ICMPCode uint8
-	DSCP     uint8 // IPv4's TOS, IPv6's traffic class, without ECN
-	Frag     uint8 // FragDF… ; IPv6: from the chain's fragment header
+	Src, Dst  netip.Addr
+	Len       int // L3 length: IPv4 total length, IPv6 payload + 40
+	Proto     int
+	Sport     uint16
+	Dport     uint16
+	TCPFlags  uint8
+	L4        L4State
+	L4Len     int // TCP and UDP: 0, 4 (ports) or 14 (ports and flags) bytes read; ICMP: 0 or 2
+	IsIPv6    bool
+	ICMPType  uint8 // ICMP and ICMPv6, when L4Len is 2
+	ICMPCode  uint8
+	DSCP      uint8  // IPv4's TOS, IPv6's traffic class, without ECN
+	FlowLabel uint32 // IPv6's
+	Frag      uint8  // FragDF… ; IPv6: from the chain's fragment header
 }
 
 const (
@@ -159,6 +160,7 @@ func parseIPv6(f []byte, off int, p Packet) (Packet, Class) {
 	p.IsIPv6 = true
 	p.Len = end - off
 	p.DSCP = (ip[0]<<4 | ip[1]>>4) >> 2
+	p.FlowLabel = binary.BigEndian.Uint32(ip[0:4]) & MaxFlowLabel
 	p.Src = netip.AddrFrom16([16]byte(ip[8:24]))
 	p.Dst = netip.AddrFrom16([16]byte(ip[24:40]))
 	nh := int(ip[6])

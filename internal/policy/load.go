@@ -297,7 +297,7 @@ var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip"
 var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
 
 func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
-	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "icmp_type", "icmp_code", "dscp", "fragment", "action", "rate", "burst", "per")
+	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "icmp_type", "icmp_code", "dscp", "flow_label", "fragment", "action", "rate", "burst", "per")
 	if err != nil {
 		return Rule{}, err
 	}
@@ -365,7 +365,7 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 			return r, err
 		}
 		for _, v := range vals {
-			rg, err := parseRange(v)
+			rg, err := parseRange(v, 65535)
 			if err != nil {
 				return r, p.errf(fn, rf.key, "%v", err)
 			}
@@ -373,7 +373,7 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 		}
 	}
 	if fn := f["length"]; fn != nil {
-		rg, err := parseRange(fn.Value)
+		rg, err := parseRange(fn.Value, 65535)
 		if err != nil {
 			return r, p.errf(fn, "length", "%v", err)
 		}
@@ -389,13 +389,13 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	for _, rf := range []struct {
 		key string
 		out **Range
-		max uint16
-	}{{"icmp_type", &r.ICMPType, 255}, {"icmp_code", &r.ICMPCode, 255}, {"dscp", &r.DSCP, 63}} {
+		max uint32
+	}{{"icmp_type", &r.ICMPType, 255}, {"icmp_code", &r.ICMPCode, 255}, {"dscp", &r.DSCP, 63}, {"flow_label", &r.FlowLabel, MaxFlowLabel}} {
 		fn := f[rf.key]
 		if fn == nil {
 			continue
 		}
-		rg, err := parseRange(fn.Value)
+		rg, err := parseRange(fn.Value, uint64(max(65535, rf.max)))
 		if err == nil && rg.Hi > rf.max {
 			err = fmt.Errorf("%q: at most %d", fn.Value, rf.max)
 		}
@@ -596,6 +596,9 @@ func (p *parser) consistent(n *yaml.Node, r *Rule) error {
 			return p.errf(n, "icmp_type", "rule %q matches an ICMP type or code and ports or TCP flags: no packet has both", r.Name)
 		}
 	}
+	if r.FlowLabel != nil && (r.Family == 4 || r.Proto == protoICMP) {
+		return p.errf(n, "flow_label", "rule %q matches a flow label, which only IPv6 has, and IPv4 alone", r.Name)
+	}
 	if r.Proto == protoICMP && r.Family == 6 || r.Proto == protoICMPv6 && r.Family == 4 {
 		return p.errf(n, "proto", "rule %q: icmp is IPv4's and icmpv6 is IPv6's", r.Name)
 	}
@@ -633,23 +636,23 @@ func (p *parser) action(n *yaml.Node, field string) (Action, error) {
 	return Pass, p.errf(n, field, "%q: must be drop or pass", n.Value)
 }
 
-func parseRange(s string) (Range, error) {
-	lo, hi, isRange := strings.Cut(strings.TrimSpace(s), "-")
+// parseRange reads a number or a range lo-hi of numbers up to max.
+func parseRange(s string, max uint64) (Range, error) {
+	a, b, isRange := strings.Cut(strings.TrimSpace(s), "-")
 	if !isRange {
-		hi = lo
+		b = a
 	}
-	a, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 32)
-	b, err2 := strconv.ParseUint(strings.TrimSpace(hi), 10, 32)
-	if err1 != nil || err2 != nil {
+	lo, err1 := strconv.ParseUint(strings.TrimSpace(a), 10, 32)
+	hi, err2 := strconv.ParseUint(strings.TrimSpace(b), 10, 32)
+	switch {
+	case err1 != nil || err2 != nil:
 		return Range{}, fmt.Errorf("%q: want a number or a range lo-hi", s)
-	}
-	if a > 65535 || b > 65535 {
-		return Range{}, fmt.Errorf("%q: values go up to 65535", s)
-	}
-	if a > b {
+	case lo > max || hi > max:
+		return Range{}, fmt.Errorf("%q: values go up to %d", s, max)
+	case lo > hi:
 		return Range{}, fmt.Errorf("%q: start is above end", s)
 	}
-	return Range{uint16(a), uint16(b)}, nil
+	return Range{uint32(lo), uint32(hi)}, nil
 }
 
 func parseTCPFlags(s string) (on, off uint8, err error) { return parseBits(s, tcpFlagNames, "flag") }

@@ -58,8 +58,9 @@ func (l *RateLimit) String() string {
 	return fmt.Sprintf("%s burst %d per %s", rate, l.Burst, per)
 }
 
-// Range is an inclusive range of ports or lengths.
-type Range struct{ Lo, Hi uint16 }
+// Range is an inclusive range of ports, lengths, ICMP types and codes,
+// DSCP values or flow labels.
+type Range struct{ Lo, Hi uint32 }
 
 func (r Range) String() string {
 	if r.Lo == r.Hi {
@@ -67,6 +68,9 @@ func (r Range) String() string {
 	}
 	return fmt.Sprintf("%d-%d", r.Lo, r.Hi)
 }
+
+// MaxFlowLabel is the largest IPv6 flow label.
+const MaxFlowLabel = 1<<20 - 1
 
 // TCP flag bits as they sit in byte 13 of the TCP header.
 const (
@@ -110,11 +114,13 @@ type Rule struct {
 	ICMPType *Range // ICMP or ICMPv6 type, 0-255
 	ICMPCode *Range
 	DSCP     *Range // 0-63
-	FragOn   uint8  // fragment bits (FragDF…) that must be set
-	FragOff  uint8  // and clear
-	HasFrag  bool
-	Action   Action
-	Limit    *RateLimit // for action limit
+	// FlowLabel: IPv6's; a rule with one matches no IPv4 frame.
+	FlowLabel *Range
+	FragOn    uint8 // fragment bits (FragDF…) that must be set
+	FragOff   uint8 // and clear
+	HasFrag   bool
+	Action    Action
+	Limit     *RateLimit // for action limit
 	// Alt, when set, is what the rule matches instead of its own fields:
 	// any of these alternatives (their match fields; name, action and
 	// limit are the rule's). A BGP FlowSpec route whose match is an OR
@@ -171,7 +177,7 @@ func (r *Rule) matchKey() string {
 	for _, f := range []struct {
 		k string
 		r *Range
-	}{{"icmp_type", r.ICMPType}, {"icmp_code", r.ICMPCode}, {"dscp", r.DSCP}} {
+	}{{"icmp_type", r.ICMPType}, {"icmp_code", r.ICMPCode}, {"dscp", r.DSCP}, {"flow_label", r.FlowLabel}} {
 		if f.r != nil {
 			fmt.Fprintf(&b, ";%s=%s", f.k, f.r)
 		}
@@ -203,7 +209,7 @@ func (r *Rule) Entries() int {
 // InRanges reports whether v is in any of the ranges.
 func InRanges(rs []Range, v uint16) bool {
 	for _, r := range rs {
-		if v >= r.Lo && v <= r.Hi {
+		if uint32(v) >= r.Lo && uint32(v) <= r.Hi {
 			return true
 		}
 	}

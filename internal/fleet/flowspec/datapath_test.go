@@ -233,6 +233,7 @@ func frameFor(rng *rand.Rand, r *Route) []byte {
 	f.ICMPType = uint8(value(r.Get(TypeICMPType), pick(rng, testICMP)))
 	f.ICMPCode = uint8(value(r.Get(TypeICMPCode), uint64(rng.IntN(4))))
 	f.TOS = uint8(value(r.Get(TypeDSCP), 0)&63) << 2
+	f.FlowLabel = uint32(value(r.Get(TypeFlowLabel), 0)) & policy.MaxFlowLabel
 	f.DF = rng.IntN(2) == 0
 	if frag := value(r.Get(TypeFragment), 0); frag&(FragIsF|FragFF) != 0 {
 		f.Fragment, f.MoreFrags = true, frag&FragLF == 0

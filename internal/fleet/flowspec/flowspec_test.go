@@ -141,7 +141,10 @@ func randomOps(rng *rand.Rand, bitmask bool, vals []uint64) []Op {
 	ops := make([]Op, 1+rng.IntN(3))
 	for i := range ops {
 		ops[i] = Op{And: i > 0 && rng.IntN(2) == 0, Len: 1, Value: vals[rng.IntN(len(vals))]}
-		if ops[i].Value > 255 {
+		switch {
+		case ops[i].Value > 65535:
+			ops[i].Len = 4
+		case ops[i].Value > 255:
 			ops[i].Len = 2
 		}
 		if bitmask {
@@ -161,6 +164,7 @@ var (
 	testLengths   = []uint64{40, 60, 100, 576, 1500}
 	testFlags     = []uint64{0x02, 0x10, 0x12, 0x04, 0x01, 0x3f}
 	testICMP      = []uint64{0, 3, 8, 128, 135}
+	testLabels    = []uint64{0, 5, 0x12345, policy.MaxFlowLabel}
 )
 
 // RandomRoute makes a route of the components rampart installs.
@@ -170,8 +174,8 @@ func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 	if ipv6 {
 		pfx = testPrefixes6
 	}
-	for typ := TypeDst; typ <= TypeFragment; typ++ {
-		if rng.IntN(3) != 0 {
+	for typ := TypeDst; typ <= TypeFlowLabel; typ++ {
+		if rng.IntN(3) != 0 || typ == TypeFlowLabel && !ipv6 {
 			continue
 		}
 		c := Component{Type: typ}
@@ -194,6 +198,8 @@ func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 			c.Ops = randomOps(rng, false, []uint64{0, 10, 46})
 		case TypeFragment:
 			c.Ops = randomOps(rng, true, []uint64{FragDF, FragIsF, FragFF, FragLF, FragIsF | FragLF, FragDF | FragFF})
+		case TypeFlowLabel:
+			c.Ops = randomOps(rng, false, testLabels)
 		}
 		r.Components = append(r.Components, c)
 	}
@@ -226,6 +232,7 @@ func randomFrame(rng *rand.Rand, ipv6 bool) []byte {
 	f.Payload = int(pick(rng, testLengths)) - 20 + rng.IntN(3)
 	f.ICMPType, f.ICMPCode = uint8(pick(rng, testICMP)+uint64(rng.IntN(2))), uint8(rng.IntN(4))
 	f.TOS = uint8(pick(rng, []uint64{0, 10, 46})+uint64(rng.IntN(2))) << 2
+	f.FlowLabel = uint32(pick(rng, testLabels)+uint64(rng.IntN(2))) & policy.MaxFlowLabel
 	f.DF = rng.IntN(2) == 0
 	if rng.IntN(5) == 0 {
 		f.FragOff, f.MoreFrags = uint16(rng.IntN(3)), rng.IntN(2) == 0

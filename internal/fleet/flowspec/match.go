@@ -161,9 +161,11 @@ func (c *Component) matches(p *policy.Packet) Result {
 		}
 		return result(evalOps(c.Ops, false, uint64(p.ICMPCode)))
 	}
-	// The flow label: the packet model does not carry it, and Rules
-	// refuses routes that use it.
-	return Unknown
+	// The flow label (RFC 8956 §3.7), an IPv6 route's only.
+	if !p.IsIPv6 {
+		return NoMatch
+	}
+	return result(evalOps(c.Ops, false, uint64(p.FlowLabel)))
 }
 
 func result(b bool) Result {

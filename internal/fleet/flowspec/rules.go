@@ -154,9 +154,9 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 					*out = append(*out, v)
 				}
 			})
-		case TypeLength, TypeICMPType, TypeICMPCode, TypeDSCP:
+		case TypeLength, TypeICMPType, TypeICMPCode, TypeDSCP, TypeFlowLabel:
 			// One range per rule: a variant for each.
-			maxV := map[int]uint64{TypeLength: 65535, TypeICMPType: 255, TypeICMPCode: 255, TypeDSCP: 63}[c.Type]
+			maxV := map[int]uint64{TypeLength: 65535, TypeICMPType: 255, TypeICMPCode: 255, TypeDSCP: 63, TypeFlowLabel: policy.MaxFlowLabel}[c.Type]
 			vals := ranges(c.Ops, maxV)
 			variants, err = multiply(variants, len(vals), func(v policy.Rule, out *[]policy.Rule) {
 				for _, rg := range vals {
@@ -167,6 +167,8 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 						v.ICMPType = &rg
 					case TypeICMPCode:
 						v.ICMPCode = &rg
+					case TypeFlowLabel:
+						v.FlowLabel = &rg
 					default:
 						v.DSCP = &rg
 					}
@@ -200,7 +202,7 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 		protos = intersect(protos, []policy.Range{{Lo: 6, Hi: 6}})
 	}
 	if r.Get(TypeICMPType) != nil || r.Get(TypeICMPCode) != nil {
-		icmp := uint16(1)
+		icmp := uint32(1)
 		if r.IPv6 {
 			icmp = 58
 		}
@@ -307,7 +309,7 @@ func termRanges(o Op, maxV uint64) []policy.Range {
 	var out []policy.Range
 	add := func(lo, hi uint64) {
 		if lo <= hi && lo <= maxV {
-			out = append(out, policy.Range{Lo: uint16(lo), Hi: uint16(min(hi, maxV))})
+			out = append(out, policy.Range{Lo: uint32(lo), Hi: uint32(min(hi, maxV))})
 		}
 	}
 	if o.Bits&opLt != 0 && v > 0 {
