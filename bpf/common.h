@@ -51,6 +51,10 @@ enum match_field {
 	MATCH_DSCP = 1 << 11,
 	MATCH_FRAGMENT = 1 << 12,
 	MATCH_FLOW_LABEL = 1 << 13, /* IPv6's; an IPv4 frame has none and never matches */
+	/* Bits of an IPv6 address anywhere in it: a prefix with an offset
+	 * (RFC 8956 §3.1), which no list can hold. */
+	MATCH_SRC_BITS = 1 << 14,
+	MATCH_DST_BITS = 1 << 15,
 };
 
 /* A frame's fragment bits, as BGP FlowSpec names them (RFC 8955 §4.2.2.12). */
@@ -79,6 +83,10 @@ struct rule {
 	__u8 frag_set;   /* enum fragment bits that must be set */
 	__u8 frag_clear; /* and clear */
 	__u32 flow_lo, flow_hi; /* IPv6 flow label */
+	/* MATCH_SRC_BITS and MATCH_DST_BITS: the address, as two u64 loads of
+	 * its bytes, under mask[i] equals bits[i]. */
+	__u64 src_mask[2], src_bits[2];
+	__u64 dst_mask[2], dst_bits[2];
 };
 
 /* The classifier. Rules are not scanned: each field of a frame maps to an

@@ -31,6 +31,10 @@ type Rule struct {
 	FragClear  uint8
 	FlowLo     uint32
 	FlowHi     uint32
+	SrcMask    [2]uint64
+	SrcBits    [2]uint64
+	DstMask    [2]uint64
+	DstBits    [2]uint64
 }
 
 // Counter is struct counter.
@@ -238,6 +242,8 @@ const (
 	MatchDscp      = 2048
 	MatchFragment  = 4096
 	MatchFlowLabel = 8192
+	MatchSrcBits   = 16384
+	MatchDstBits   = 32768
 )
 
 // enum fragment

@@ -374,7 +374,8 @@ func normalize(items []item, entries []abi.Rule) []item {
 	out := make([]item, 0, len(items))
 	var seen [2]bool
 	for _, it := range items {
-		// Fields no tree splits on (DSCP, flow label, fragment, ICMP) are the leaf's
+		// Fields no tree splits on (DSCP, flow label, fragment, ICMP,
+		// address bits) are the leaf's
 		// to check: an entry that tests one is never sure.
 		sure := it.left == 0 && !it.vague && entries[it.entry].Match&leafFields == 0
 		if sure && it.unk {
@@ -393,7 +394,7 @@ func normalize(items []item, entries []abi.Rule) []item {
 }
 
 // leafFields are the fields the trees leave to the leaf's whole match.
-const leafFields = abi.MatchIcmpType | abi.MatchIcmpCode | abi.MatchDscp | abi.MatchFragment | abi.MatchFlowLabel
+const leafFields = abi.MatchIcmpType | abi.MatchIcmpCode | abi.MatchDscp | abi.MatchFragment | abi.MatchFlowLabel | abi.MatchSrcBits | abi.MatchDstBits
 
 func b2i(b bool) int {
 	if b {

@@ -3,6 +3,8 @@
 package compile
 
 import (
+	"encoding/binary"
+
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
@@ -93,6 +95,22 @@ func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, 
 	if r.FlowLabel != nil {
 		cr.Match |= abi.MatchFlowLabel
 		cr.FlowLo, cr.FlowHi = r.FlowLabel.Lo, r.FlowLabel.Hi
+	}
+	for _, side := range []struct {
+		bits       *policy.AddrBits
+		flag       uint32
+		mask, want *[2]uint64
+	}{{r.SrcBits, abi.MatchSrcBits, &cr.SrcMask, &cr.SrcBits}, {r.DstBits, abi.MatchDstBits, &cr.DstMask, &cr.DstBits}} {
+		if side.bits == nil {
+			continue
+		}
+		// As the data plane loads the address: two words in memory order.
+		cr.Match |= side.flag
+		m, a := side.bits.Mask(), side.bits.Prefix.Addr().As16()
+		for i := range 2 {
+			side.mask[i] = binary.NativeEndian.Uint64(m[8*i:])
+			side.want[i] = binary.NativeEndian.Uint64(a[8*i:]) & side.mask[i]
+		}
 	}
 	if r.HasFrag {
 		cr.Match |= abi.MatchFragment

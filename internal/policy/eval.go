@@ -109,6 +109,9 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 	if len(r.Dst) > 0 && !pol.inAny(r.Dst, p.Dst) {
 		return noMatch
 	}
+	if r.SrcBits != nil && !(p.IsIPv6 && r.SrcBits.Has(p.Src)) || r.DstBits != nil && !(p.IsIPv6 && r.DstBits.Has(p.Dst)) {
+		return noMatch
+	}
 	if r.Length != nil && (p.Len < int(r.Length.Lo) || p.Len > int(r.Length.Hi)) {
 		return noMatch
 	}

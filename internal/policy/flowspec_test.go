@@ -118,3 +118,23 @@ func TestLeafFields(t *testing.T) {
 		}
 	}
 }
+
+// AddrBits: an RFC 8956 prefix with an offset matches the bits from the
+// offset to its length, wherever the rest of the address points.
+func TestAddrBits(t *testing.T) {
+	b := AddrBits{Prefix: netip.MustParsePrefix("0:0:1234::/48"), Offset: 32}
+	for addr, want := range map[string]bool{
+		"2001:db8:1234::1": true, "fd00:0:1234:ffff::": true, "2001:db8:1235::": false, "::": false,
+	} {
+		if got := b.Has(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("%s offset 32: has %s = %v", b.Prefix, addr, got)
+		}
+	}
+	if m := b.Mask(); m != [16]byte{4: 0xff, 5: 0xff} {
+		t.Errorf("mask %x", m)
+	}
+	r := Rule{Proto: -1, DstBits: &b}
+	if !strings.Contains(r.MatchKey(), "dst_bits=0:0:1234::/48 offset 32") || r.matchesAll() {
+		t.Errorf("match key %q, matches all %v", r.MatchKey(), r.matchesAll())
+	}
+}

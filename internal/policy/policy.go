@@ -5,6 +5,7 @@ package policy
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -69,6 +70,35 @@ func (r Range) String() string {
 	return fmt.Sprintf("%d-%d", r.Lo, r.Hi)
 }
 
+// AddrBits matches bits Offset to Prefix.Bits()-1 of an IPv6 address: an
+// RFC 8956 prefix with an offset, its pattern at its place in Prefix.
+type AddrBits struct {
+	Prefix netip.Prefix
+	Offset int
+}
+
+// Mask has the bits the match looks at set.
+func (b AddrBits) Mask() [16]byte {
+	var m [16]byte
+	for k := b.Offset; k < b.Prefix.Bits(); k++ {
+		m[k/8] |= 0x80 >> (k % 8)
+	}
+	return m
+}
+
+// Has reports whether an IPv6 address has the bits.
+func (b AddrBits) Has(addr netip.Addr) bool {
+	m, a, want := b.Mask(), addr.As16(), b.Prefix.Addr().As16()
+	for i := range m {
+		if a[i]&m[i] != want[i]&m[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func (b AddrBits) String() string { return fmt.Sprintf("%s offset %d", b.Prefix, b.Offset) }
+
 // MaxFlowLabel is the largest IPv6 flow label.
 const MaxFlowLabel = 1<<20 - 1
 
@@ -116,11 +146,14 @@ type Rule struct {
 	DSCP     *Range // 0-63
 	// FlowLabel: IPv6's; a rule with one matches no IPv4 frame.
 	FlowLabel *Range
-	FragOn    uint8 // fragment bits (FragDF…) that must be set
-	FragOff   uint8 // and clear
-	HasFrag   bool
-	Action    Action
-	Limit     *RateLimit // for action limit
+	// SrcBits and DstBits: IPv6 address bits no list holds (BGP FlowSpec
+	// prefixes with an offset); a rule with them matches no IPv4 frame.
+	SrcBits, DstBits *AddrBits
+	FragOn           uint8 // fragment bits (FragDF…) that must be set
+	FragOff          uint8 // and clear
+	HasFrag          bool
+	Action           Action
+	Limit            *RateLimit // for action limit
 	// Alt, when set, is what the rule matches instead of its own fields:
 	// any of these alternatives (their match fields; name, action and
 	// limit are the rule's). A BGP FlowSpec route whose match is an OR
@@ -180,6 +213,14 @@ func (r *Rule) matchKey() string {
 	}{{"icmp_type", r.ICMPType}, {"icmp_code", r.ICMPCode}, {"dscp", r.DSCP}, {"flow_label", r.FlowLabel}} {
 		if f.r != nil {
 			fmt.Fprintf(&b, ";%s=%s", f.k, f.r)
+		}
+	}
+	for _, f := range []struct {
+		k    string
+		bits *AddrBits
+	}{{"src_bits", r.SrcBits}, {"dst_bits", r.DstBits}} {
+		if f.bits != nil {
+			fmt.Fprintf(&b, ";%s=%s", f.k, f.bits)
 		}
 	}
 	if r.HasFrag {

@@ -21,7 +21,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
-// rfcPrecedes is RFC 8955 Appendix A's flow_rule_cmp, transliterated
+// rfcPrecedes is RFC 8955 Appendix A's flow_rule_cmp (with RFC 8956 §4's offsets), transliterated
 // line by line: whether a has precedence over b. The reference orders
 // routes with it; the service orders them with Compare.
 func rfcPrecedes(a, b *Route) bool {
@@ -40,6 +40,10 @@ func rfcPrecedes(a, b *Route) bool {
 			return false
 		}
 		if ca.Type == TypeDst || ca.Type == TypeSrc {
+			// RFC 8956 §4: "offset not equal, lowest offset has precedence".
+			if ca.Offset != cb.Offset {
+				return ca.Offset < cb.Offset
+			}
 			if ca.Prefix.Overlaps(cb.Prefix) {
 				if ca.Prefix.Bits() > cb.Prefix.Bits() {
 					return true

@@ -182,6 +182,9 @@ func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 		switch typ {
 		case TypeDst, TypeSrc:
 			c.Prefix = netip.MustParsePrefix(pfx[rng.IntN(len(pfx))])
+			if ipv6 && rng.IntN(3) == 0 {
+				c.Offset = rng.IntN(c.Prefix.Bits())
+			}
 		case TypeProto:
 			c.Ops = randomOps(rng, false, testProtos)
 		case TypePort, TypeDport, TypeSport:

@@ -117,7 +117,17 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 		switch c.Type {
 		case TypeDst, TypeSrc:
 			if c.Offset != 0 {
-				return nil, unsupported("prefix-offset", "%s: a prefix offset (%d) is not supported", typeNames[c.Type], c.Offset)
+				// Bits from the middle of the address: the rule's leaf
+				// checks them, no list can hold them.
+				bits := &policy.AddrBits{Prefix: c.Prefix, Offset: c.Offset}
+				for k := range variants {
+					if c.Type == TypeDst {
+						variants[k].DstBits = bits
+					} else {
+						variants[k].SrcBits = bits
+					}
+				}
+				break
 			}
 			ln := c.Prefix.String()
 			if lists[ln] == nil {
