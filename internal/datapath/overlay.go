@@ -20,6 +20,50 @@ func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []c
 	return o.tables().ReplaceOverlay(v4, v6)
 }
 
+// AddOverlay writes overlay entries over the ones held, as a change's are:
+// their lengths first, then their classifier masks, then the entries.
+// Nothing is deleted; a length left without entries costs a probe until
+// the next ReplaceOverlay.
+func (o *Objects) AddOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	m := o.tables()
+	if err := m.addLengths(overlayLengths(v4, v6)); err != nil {
+		return err
+	}
+	if err := o.addMaskEqs(v4, v6); err != nil {
+		return err
+	}
+	return errors.Join(putOverlay(m.OverlayV4, v4), putOverlay(m.OverlayV6, v6))
+}
+
+// overlayLengths are the lengths of the entries, by family.
+func overlayLengths(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) [2]abi.OverlayLengths {
+	var want [2]abi.OverlayLengths
+	for _, e := range v4 {
+		setLength(&want[0], e.Key.Prefixlen)
+	}
+	for _, e := range v6 {
+		setLength(&want[1], e.Key.Prefixlen)
+	}
+	return want
+}
+
+// addLengths adds lengths to those the programs probe.
+func (m TableMaps) addLengths(add [2]abi.OverlayLengths) error {
+	for fam := range add {
+		var cur abi.OverlayLengths
+		if err := m.OverlayLengths.Lookup(uint32(fam), &cur); err != nil {
+			return err
+		}
+		for i := range cur.Bits {
+			cur.Bits[i] |= add[fam].Bits[i]
+		}
+		if err := m.OverlayLengths.Put(uint32(fam), cur); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // addMaskEqs tells the classifier the eqs of the list masks the overlay
 // makes: a mask some address class has takes that class's eqs. A mask no
 // class has stays unknown, and its addresses are judged under EQ_ANY, by the
@@ -86,24 +130,9 @@ func readArray[T any](m *ebpf.Map) ([]T, error) {
 // lengths overlay_lengths holds: a length is added before entries of it are
 // written and dropped after the last is deleted.
 func (m TableMaps) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
-	var want [2]abi.OverlayLengths
-	for _, e := range v4 {
-		setLength(&want[0], e.Key.Prefixlen)
-	}
-	for _, e := range v6 {
-		setLength(&want[1], e.Key.Prefixlen)
-	}
-	for fam := range want {
-		var cur abi.OverlayLengths
-		if err := m.OverlayLengths.Lookup(uint32(fam), &cur); err != nil {
-			return err
-		}
-		for i := range cur.Bits {
-			cur.Bits[i] |= want[fam].Bits[i]
-		}
-		if err := m.OverlayLengths.Put(uint32(fam), cur); err != nil {
-			return err
-		}
+	want := overlayLengths(v4, v6)
+	if err := m.addLengths(want); err != nil {
+		return err
 	}
 	if err := replaceOverlay(m.OverlayV4, v4); err != nil {
 		return err
@@ -119,18 +148,23 @@ func setLength(l *abi.OverlayLengths, n uint32) {
 }
 
 func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K]) error {
-	// What the trie holds, read before writing: only new and changed
-	// entries are written (an LPM trie takes no batches, and a change to a
-	// long overlay touches few of its entries).
+	// What the table holds, read in batches before writing: only new and
+	// changed entries are written (a change to a long overlay touches few
+	// of its entries).
 	held := map[K]abi.Overlay{}
-	var k K
-	var v abi.Overlay
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		held[k] = v
-	}
-	if err := it.Err(); err != nil {
-		return err
+	keys, vals := make([]K, 4096), make([]abi.Overlay, 4096)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			held[keys[i]] = vals[i]
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && n == 0 {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read %s: %w", m, err)
+		}
 	}
 	var changed []compile.OverlayEntry[K]
 	for _, e := range entries {

@@ -108,12 +108,18 @@ func writeArray(m *ebpf.Map, data []byte) error {
 	return nil
 }
 
-// putOverlay writes overlay entries (an LPM trie: no batch updates).
+// putOverlay writes overlay entries, in batches of 4096.
 func putOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K]) error {
-	for _, e := range entries {
-		if err := m.Put(e.Key, e.Overlay); err != nil {
+	for len(entries) > 0 {
+		n := min(len(entries), 4096)
+		keys, vals := make([]K, n), make([]abi.Overlay, n)
+		for i, e := range entries[:n] {
+			keys[i], vals[i] = e.Key, e.Overlay
+		}
+		if _, err := m.BatchUpdate(keys, vals, nil); err != nil {
 			return fmt.Errorf("overlay: %w", err)
 		}
+		entries = entries[n:]
 	}
 	return nil
 }

@@ -101,7 +101,7 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 	for _, p := range c.Prefixes {
 		ops = append(ops, policy.ListOp{List: c.List, Prefix: p, Add: c.Add, Expires: res.Expires})
 	}
-	if res.Hooks, err = fw.refreshOverlays(ops, c.List); err != nil {
+	if res.Hooks, err = fw.refreshOverlays(ops, c.List, c.Prefixes); err != nil {
 		return nil, err
 	}
 	if err := fw.saveOps(ops); err != nil {
@@ -144,7 +144,7 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 		n++
 	}
 	for list := range touched {
-		if _, err := fw.refreshOverlays(ops, list); err != nil {
+		if _, err := fw.refreshOverlays(ops, list, nil); err != nil {
 			return 0, err
 		}
 	}
@@ -185,7 +185,7 @@ func (fw *Firewall) RevertList(list string, prefixes []netip.Prefix) ([]policy.L
 		}
 		return hit
 	})
-	if _, err := fw.refreshOverlays(kept, ""); err != nil {
+	if _, err := fw.refreshOverlays(kept, "", nil); err != nil {
 		return nil, err
 	}
 	return removed, fw.saveOps(kept)
@@ -231,8 +231,10 @@ func (fw *Firewall) listUsers(name string) ([]listUser, []string, error) {
 }
 
 // refreshOverlays rewrites the overlay of every hook (every hook using the
-// list, when one is named) from ops.
-func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string) ([]Hook, error) {
+// list, when one is named) from ops. With added, the prefixes of ops just
+// appended, only the entries those ops change are written: a ban costs
+// what it changes, not what the overlay holds.
+func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []netip.Prefix) ([]Hook, error) {
 	hooks, err := fw.hooks()
 	if err != nil {
 		return nil, err
@@ -259,8 +261,13 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string) ([]Hook, e
 		if err != nil {
 			return touched, err
 		}
-		v4, v6 := compile.Overlay(bits, ops)
-		err = objs.ReplaceOverlay(v4, v6)
+		if added != nil {
+			v4, v6 := compile.Overlay(bits, overlapping(ops, added))
+			err = objs.AddOverlay(v4, v6)
+		} else {
+			v4, v6 := compile.Overlay(bits, ops)
+			err = objs.ReplaceOverlay(v4, v6)
+		}
 		objs.Close()
 		if err != nil {
 			return touched, fmt.Errorf("%s: %w", h, err)
@@ -268,6 +275,36 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string) ([]Hook, e
 		touched = append(touched, h)
 	}
 	return touched, nil
+}
+
+// overlapping returns the ops whose prefixes contain or lie in one of the
+// changed prefixes. An overlay entry of a changed prefix, or of one inside
+// it, depends on those ops alone (the latest op of each list covering its
+// prefix), and no other entry depends on the changed ones.
+func overlapping(ops []policy.ListOp, changed []netip.Prefix) []policy.ListOp {
+	in := map[netip.Prefix]bool{}    // the changed prefixes
+	above := map[netip.Prefix]bool{} // and every prefix holding one
+	shortest := 128
+	for _, p := range changed {
+		p = p.Masked()
+		in[p] = true
+		shortest = min(shortest, p.Bits())
+		for b := p.Bits(); b >= 0 && !above[netip.PrefixFrom(p.Addr(), b).Masked()]; b-- {
+			above[netip.PrefixFrom(p.Addr(), b).Masked()] = true
+		}
+	}
+	var out []policy.ListOp
+	for _, op := range ops {
+		q := op.Prefix.Masked()
+		hit := above[q]
+		for b := q.Bits() - 1; b >= shortest && !hit; b-- {
+			hit = in[netip.PrefixFrom(q.Addr(), b).Masked()]
+		}
+		if hit {
+			out = append(out, op)
+		}
+	}
+	return out
 }
 
 // dropUnusedOps forgets changes to lists no hook of the namespace uses any
@@ -302,7 +339,7 @@ func (fw *Firewall) expireLocked() (bool, error) {
 	}
 	live := unexpired(slices.Clone(all), time.Now())
 	if len(live) != len(all) {
-		if _, err := fw.refreshOverlays(live, ""); err != nil {
+		if _, err := fw.refreshOverlays(live, "", nil); err != nil {
 			return true, err
 		}
 		if err := fw.saveOps(live); err != nil {

@@ -1,11 +1,17 @@
 package engine
 
 import (
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -66,4 +72,74 @@ func TestLiveListChanges(t *testing.T) {
 	if g := hookStatus(t, fw)[0].Generation; g != gen {
 		t.Errorf("generation %d after live changes, was %d: a change reloaded the program", g, gen)
 	}
+}
+
+// TestOverlayDelta: a change writes only the overlay entries it changes,
+// and after every change the kernel holds exactly the overlay a rebuild
+// from all the changes would: nested prefixes of two lists, both
+// families, additions and removals in random order.
+func TestOverlayDelta(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	fw := newFirewall(t, p)
+	pol := parse(t, t.TempDir(), "p.yaml", "lists:\n  a: {prefixes: [192.0.2.0/24]}\n  b: {prefixes: ['2001:db8:ff::/48']}\nrules:\n  - {name: a, src: a, action: drop}\n  - {name: b, dst: b, action: drop}\n")
+	mustApply(t, fw, pol, p.IfB)
+	h := Hook{Iface: p.IfB}
+	g := liveGen(t, fw, h)
+	bits := map[string]uint64{}
+	for name, info := range g.Lists {
+		bits[name] = info.Bit
+	}
+	prefixes := []string{"10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32", "10.1.3.0/24", "0.0.0.0/0",
+		"2001:db8::/32", "2001:db8:1::/48", "2001:db8:1::/64", "2001:db8:1::5/128", "2001:db8:2::/48"}
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := range 80 {
+		c := ListChange{List: []string{"a", "b"}[rng.IntN(2)], Add: rng.IntN(3) != 0}
+		for range 1 + rng.IntN(2) {
+			c.Prefixes = append(c.Prefixes, netip.MustParsePrefix(prefixes[rng.IntN(len(prefixes))]))
+		}
+		if _, err := fw.ChangeList(c); err != nil {
+			t.Fatal(err)
+		}
+		ops, err := fw.Changes()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w4, w6 := compile.Overlay(bits, ops)
+		objs, err := datapath.LoadPinned(fw.genPins(h, g.N))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g4, g6 := heldOverlay[abi.LPMKeyV4](t, objs.OverlayV4), heldOverlay[abi.LPMKeyV6](t, objs.OverlayV6)
+		objs.Close()
+		if !sameOverlay(w4, g4) || !sameOverlay(w6, g6) {
+			t.Fatalf("after change %d (%+v): the kernel holds %v %v, a rebuild gives %v %v", i, c, g4, g6, w4, w6)
+		}
+	}
+}
+
+func heldOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](t *testing.T, m *ebpf.Map) map[K]abi.Overlay {
+	held := map[K]abi.Overlay{}
+	var k K
+	var v abi.Overlay
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		held[k] = v
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return held
+}
+
+func sameOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](want []compile.OverlayEntry[K], got map[K]abi.Overlay) bool {
+	if len(want) != len(got) {
+		return false
+	}
+	for _, e := range want {
+		if v, ok := got[e.Key]; !ok || v != e.Overlay {
+			return false
+		}
+	}
+	return true
 }
