@@ -268,6 +268,27 @@ func (x object) get() interface {
 	return nil
 }
 
+// pin pins a duplicate of the object's descriptor: the object's own Pin
+// moves a pin it already has (cilium/ebpf renames it), and one apply's
+// objects are pinned once for every hook they go on.
+func (x object) pin(path string) error {
+	var dup interface {
+		Pin(string) error
+		Close() error
+	}
+	var err error
+	if x.prog != nil {
+		dup, err = (*x.prog).Clone()
+	} else {
+		dup, err = (*x.m).Clone()
+	}
+	if err != nil {
+		return err
+	}
+	defer dup.Close()
+	return dup.Pin(path)
+}
+
 // objects is the one list of what a generation pins, closes and opens again.
 func (o *Objects) objects() []object {
 	p := func(name string, x **ebpf.Program) object { return object{name: name, prog: x} }
@@ -295,7 +316,7 @@ func (o *Objects) Pin(dir string) error {
 		if x.optional && x.get() == nil {
 			continue
 		}
-		if err := x.get().Pin(filepath.Join(dir, x.name)); err != nil {
+		if err := x.pin(filepath.Join(dir, x.name)); err != nil {
 			os.RemoveAll(dir)
 			return fmt.Errorf("pin %s: %w", x.name, err)
 		}

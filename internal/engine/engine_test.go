@@ -412,3 +412,35 @@ func TestReapplyKeepsTheFloodKey(t *testing.T) {
 		t.Errorf("flood keys %x then %x: want one key, drawn once", keys[0], keys[1])
 	}
 }
+
+// TestApplyPinsEveryHook: one apply on two interfaces pins its objects in
+// both hooks' generations (pinning the objects a second time once moved
+// the first hook's pins away, which left its counters unreadable).
+func TestApplyPinsEveryHook(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "add", "second", "type", "veth", "peer", "name", "second-peer")
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", "second", "up")
+	fw := newFirewall(t, p)
+	t.Cleanup(func() { fw.Detach([]string{"second"}) })
+	mustApply(t, fw, parse(t, t.TempDir(), "a.yaml", policyA), p.IfB, "second")
+	for _, ifc := range []string{p.IfB, "second"} {
+		h := Hook{Iface: ifc}
+		objs, err := datapath.LoadPinned(fw.genPins(h, liveGen(t, fw, h).N))
+		if err != nil {
+			t.Fatalf("%s: %v", ifc, err)
+		}
+		objs.Close()
+	}
+	snap, err := fw.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hooks := map[string]bool{}
+	for _, r := range snap.Rows {
+		hooks[r.Iface] = true
+	}
+	if !hooks[p.IfB] || !hooks["second"] {
+		t.Errorf("stats rows of %v, want both interfaces", hooks)
+	}
+}

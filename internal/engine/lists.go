@@ -94,18 +94,30 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 	if c.TTL > 0 {
 		res.Expires = time.Now().Add(c.TTL).UTC()
 	}
-	ops, err := fw.liveOps()
+	// The change's entries alone are written when the kernel holds what
+	// the journal says: not when a change has expired and not been undone
+	// yet, which a rewrite of the whole overlay undoes too.
+	held, err := fw.readOps()
 	if err != nil {
 		return nil, err
+	}
+	ops := unexpired(slices.Clone(held), time.Now())
+	added := c.Prefixes
+	if len(ops) != len(held) {
+		added = nil
 	}
 	for _, p := range c.Prefixes {
 		ops = append(ops, policy.ListOp{List: c.List, Prefix: p, Add: c.Add, Expires: res.Expires})
 	}
-	if res.Hooks, err = fw.refreshOverlays(ops, c.List, c.Prefixes); err != nil {
-		return nil, err
+	res.Hooks, err = fw.refreshOverlays(ops, c.List, added)
+	if err == nil {
+		err = fw.saveOps(ops)
 	}
-	if err := fw.saveOps(ops); err != nil {
-		return nil, err
+	if err != nil {
+		// Back to what the journal holds, so that the next change's delta
+		// starts from it.
+		_, undo := fw.refreshOverlays(unexpired(held, time.Now()), "", nil)
+		return nil, errors.Join(err, undo)
 	}
 	if c.TTL > 0 {
 		if err := fw.ensureExpirer(); err != nil {

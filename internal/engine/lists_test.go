@@ -115,6 +115,15 @@ func TestOverlayDelta(t *testing.T) {
 		if !sameOverlay(w4, g4) || !sameOverlay(w6, g6) {
 			t.Fatalf("after change %d (%+v): the kernel holds %v %v, a rebuild gives %v %v", i, c, g4, g6, w4, w6)
 		}
+		if i == 40 {
+			// A change whose TTL runs out before the next change, which the
+			// expirer has not undone yet: the next change undoes it too.
+			expiring := policy.ListOp{List: "a", Prefix: netip.MustParsePrefix("10.9.9.0/24"), Add: true, Expires: time.Now().Add(50 * time.Millisecond)}
+			if n, err := fw.RestoreChanges([]policy.ListOp{expiring}); err != nil || n != 1 {
+				t.Fatalf("restore: %d, %v", n, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 }
 

@@ -163,11 +163,6 @@ func (p *parser) flowspec(n *yaml.Node, pol *Policy) error {
 	return nil
 }
 
-// Filters reports whether the routes filter the interface; f may be nil.
-func (f *FlowSpec) Filters(iface string) bool {
-	return f != nil && (len(f.Interfaces) == 0 || slices.Contains(f.Interfaces, iface))
-}
-
 func (p *parser) asn(parent, n *yaml.Node, field string) (uint32, error) {
 	if n == nil {
 		return 0, p.errf(parent, field, "missing: an AS number")

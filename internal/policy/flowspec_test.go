@@ -2,6 +2,7 @@ package policy
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,8 +36,8 @@ rules:
 	if n := f.Neighbors[1]; n.IPv4 || !n.IPv6 || n.MaxRoutes != 50 || n.HoldTime != 9*time.Second || n.PeerAS != 65002 {
 		t.Errorf("second neighbor: %+v", n)
 	}
-	if !f.Filters("eth1") || f.Filters("eth2") || !(&FlowSpec{}).Filters("eth2") || (*FlowSpec)(nil).Filters("eth0") {
-		t.Errorf("interfaces %v: filters eth1 %v, eth2 %v", f.Interfaces, f.Filters("eth1"), f.Filters("eth2"))
+	if !slices.Equal(f.Interfaces, []string{"eth0", "eth1"}) || f.InterfacesLine != 9 {
+		t.Errorf("interfaces %v at line %d", f.Interfaces, f.InterfacesLine)
 	}
 	for pos, want := range map[string]int{"after ssh": 1, "before bad": 2, "first": 0, "last": 3, "auto": 2} {
 		f.Position, f.Anchor, _ = strings.Cut(pos, " ")

@@ -111,6 +111,9 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) (map[string]*poli
 	}
 	entries := f.table.Entries()
 	flowspec.Place(routed, entries)
+	if len(routed.Rules) == len(pol.Rules) {
+		policyOf = nil // no route placed: one policy, loaded once, for every interface
+	}
 	f.next = make([]flowspec.Entry, len(entries))
 	for i, e := range entries {
 		f.next[i] = *e

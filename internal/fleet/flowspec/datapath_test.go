@@ -218,7 +218,15 @@ func frameFor(rng *rand.Rand, r *Route) []byte {
 	}
 	pickAddr := func(c *Component) netip.Addr {
 		if c != nil && rng.IntN(4) != 0 {
-			return c.Prefix.Addr()
+			// Bits before an offset are any: the route matches the rest.
+			a := c.Prefix.Addr().AsSlice()
+			for k := range c.Offset {
+				if rng.IntN(2) == 0 {
+					a[k/8] ^= 0x80 >> (k % 8)
+				}
+			}
+			addr, _ := netip.AddrFromSlice(a)
+			return addr
 		}
 		return netip.MustParsePrefix(pick(rng, pfx)).Addr()
 	}

@@ -169,8 +169,7 @@ func decodePrefix(b []byte, ipv6 bool) (netip.Prefix, int, int, error) {
 	if off == 0 {
 		copy(a[:], b[i:i+nbytes])
 	} else {
-		// Placing the pattern at bit off of the address is a shift; the
-		// matcher refuses offsets, but the value must still read.
+		// Placing the pattern at bit off of the address is a shift.
 		for k := range bits - off {
 			if b[i+k/8]&(0x80>>(k%8)) != 0 {
 				a[(off+k)/8] |= 0x80 >> ((off + k) % 8)
