@@ -180,12 +180,7 @@ func TestTwoEnginesOnDistinctRoots(t *testing.T) {
 // TestApplyAllOrNothing: when the second interface refuses the new policy,
 // the first goes back to the old one.
 func TestApplyAllOrNothing(t *testing.T) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
-	testutil.Run(t, "ip", "-n", p.NsB, "link", "add", "second", "type", "veth", "peer", "name", "second-peer")
-	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", "second", "up")
-	fw := newFirewall(t, p)
-	t.Cleanup(func() { fw.Detach([]string{"second"}) })
+	p, fw := withSecondIface(t)
 	dir := t.TempDir()
 	a, b := parse(t, dir, "a.yaml", policyA), parse(t, dir, "b.yaml", policyB)
 	resA := mustApply(t, fw, a, p.IfB)
@@ -413,16 +408,23 @@ func TestReapplyKeepsTheFloodKey(t *testing.T) {
 	}
 }
 
-// TestApplyPinsEveryHook: one apply on two interfaces pins its objects in
-// both hooks' generations (pinning the objects a second time once moved
-// the first hook's pins away, which left its counters unreadable).
-func TestApplyPinsEveryHook(t *testing.T) {
+// withSecondIface is a pair whose B side has a second interface, "second",
+// and a firewall there.
+func withSecondIface(t *testing.T) (*testutil.Pair, *Firewall) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
 	testutil.Run(t, "ip", "-n", p.NsB, "link", "add", "second", "type", "veth", "peer", "name", "second-peer")
 	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", "second", "up")
 	fw := newFirewall(t, p)
 	t.Cleanup(func() { fw.Detach([]string{"second"}) })
+	return p, fw
+}
+
+// TestApplyPinsEveryHook: one apply on two interfaces pins its objects in
+// both hooks' generations (pinning the objects a second time once moved
+// the first hook's pins away, which left its counters unreadable).
+func TestApplyPinsEveryHook(t *testing.T) {
+	p, fw := withSecondIface(t)
 	mustApply(t, fw, parse(t, t.TempDir(), "a.yaml", policyA), p.IfB, "second")
 	for _, ifc := range []string{p.IfB, "second"} {
 		h := Hook{Iface: ifc}
