@@ -1,8 +1,11 @@
 package engine
 
 import (
+	"errors"
+	"io/fs"
 	"math/rand/v2"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -151,4 +154,31 @@ func sameOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](want []compile.OverlayEntry[K], 
 		}
 	}
 	return true
+}
+
+// TestLegacyOpsFile: the changes an earlier release kept as JSON are read,
+// and the next change keeps them, in the gob file that replaces it.
+func TestLegacyOpsFile(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	fw := newFirewall(t, p)
+	mustApply(t, fw, parse(t, t.TempDir(), "p.yaml", "lists:\n  block: {prefixes: [192.0.2.0/24]}\nrules:\n  - {name: d, src: block, action: drop}\n"), p.IfB)
+	old := policy.ListOp{List: "block", Prefix: netip.MustParsePrefix("198.51.100.0/24"), Add: true}
+	if err := writeJSON(fw.legacyOpsPath(), []policy.ListOp{old}); err != nil {
+		t.Fatal(err)
+	}
+	if ops, err := fw.Changes(); err != nil || len(ops) != 1 || ops[0] != old {
+		t.Fatalf("changes from the JSON file: %+v, %v", ops, err)
+	}
+	added := netip.MustParsePrefix("203.0.113.7/32")
+	if _, err := fw.ChangeList(ListChange{List: "block", Prefixes: []netip.Prefix{added}, Add: true}); err != nil {
+		t.Fatal(err)
+	}
+	ops, err := fw.Changes()
+	if err != nil || len(ops) != 2 || ops[0] != old || ops[1].Prefix != added {
+		t.Fatalf("changes after one more: %+v, %v", ops, err)
+	}
+	if _, err := os.Stat(fw.legacyOpsPath()); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the JSON file is still there: %v", err)
+	}
 }
