@@ -70,6 +70,13 @@ func parse(t testing.TB, dir, name, text string) *policy.Policy {
 
 // newFirewall is an engine on roots of the test's own, on the pair's
 // receiving namespace.
+// firewallOnPair is a pair of namespaces and a firewall on its B side.
+func firewallOnPair(t *testing.T) (*testutil.Pair, *Firewall) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	return p, newFirewall(t, p)
+}
+
 func newFirewall(t testing.TB, p *testutil.Pair) *Firewall {
 	t.Helper()
 	pin, state := testutil.Roots(t)
@@ -330,9 +337,7 @@ func count(t testing.TB, fw *Firewall, rule string) uint64 {
 // name carries nothing; status says so, and reattach is the one command
 // that puts the policy back.
 func TestInterfaceRecreated(t *testing.T) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
-	fw := newFirewall(t, p)
+	p, fw := firewallOnPair(t)
 	mustApply(t, fw, parse(t, t.TempDir(), "a.yaml", policyA), p.IfB)
 	if got := delivered(t, p, 9100, 20); got != 0 {
 		t.Fatalf("%d datagrams to 9100 arrived", got)
@@ -393,9 +398,7 @@ func mac(t *testing.T, ns, ifc string) string {
 // the live one has, so that SYN cookies already sent stay valid; a first
 // apply draws one.
 func TestReapplyKeepsTheFloodKey(t *testing.T) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
-	fw := newFirewall(t, p)
+	p, fw := firewallOnPair(t)
 	dir := t.TempDir()
 	h := Hook{Iface: p.IfB}
 	keys := make([][2]uint64, 0, 2)
@@ -411,11 +414,9 @@ func TestReapplyKeepsTheFloodKey(t *testing.T) {
 // withSecondIface is a pair whose B side has a second interface, "second",
 // and a firewall there.
 func withSecondIface(t *testing.T) (*testutil.Pair, *Firewall) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
+	p, fw := firewallOnPair(t)
 	testutil.Run(t, "ip", "-n", p.NsB, "link", "add", "second", "type", "veth", "peer", "name", "second-peer")
 	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", "second", "up")
-	fw := newFirewall(t, p)
 	t.Cleanup(func() { fw.Detach([]string{"second"}) })
 	return p, fw
 }

@@ -327,8 +327,12 @@ func overlapping(ops []policy.ListOp, changed []netip.Prefix) []policy.ListOp {
 		p = p.Masked()
 		in[p] = true
 		shortest = min(shortest, p.Bits())
-		for b := p.Bits(); b >= 0 && !above[netip.PrefixFrom(p.Addr(), b).Masked()]; b-- {
-			above[netip.PrefixFrom(p.Addr(), b).Masked()] = true
+		for b := p.Bits(); b >= 0; b-- {
+			holder := netip.PrefixFrom(p.Addr(), b).Masked()
+			if above[holder] {
+				break // and every shorter one, from an earlier prefix
+			}
+			above[holder] = true
 		}
 	}
 	var out []policy.ListOp

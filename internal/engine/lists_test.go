@@ -16,7 +16,6 @@ import (
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
-	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
 // TestLiveListChanges: list changes reach the kernel in place, the
@@ -24,9 +23,7 @@ import (
 // revert gives the file its word back, and a restored change expires on
 // its own time. Real datagrams from A to B judge each step.
 func TestLiveListChanges(t *testing.T) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
-	fw := newFirewall(t, p)
+	p, fw := firewallOnPair(t)
 	a, _ := netip.AddrFromSlice(p.A4.To4())
 	host := netip.PrefixFrom(a, 32)
 	other := netip.MustParsePrefix("192.0.2.0/24")
@@ -82,9 +79,7 @@ func TestLiveListChanges(t *testing.T) {
 // from all the changes would: nested prefixes of two lists, both
 // families, additions and removals in random order.
 func TestOverlayDelta(t *testing.T) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
-	fw := newFirewall(t, p)
+	p, fw := firewallOnPair(t)
 	pol := parse(t, t.TempDir(), "p.yaml", "lists:\n  a: {prefixes: [192.0.2.0/24]}\n  b: {prefixes: ['2001:db8:ff::/48']}\nrules:\n  - {name: a, src: a, action: drop}\n  - {name: b, dst: b, action: drop}\n")
 	mustApply(t, fw, pol, p.IfB)
 	h := Hook{Iface: p.IfB}
@@ -159,9 +154,7 @@ func sameOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](want []compile.OverlayEntry[K], 
 // TestLegacyOpsFile: the changes an earlier release kept as JSON are read,
 // and the next change keeps them, in the gob file that replaces it.
 func TestLegacyOpsFile(t *testing.T) {
-	testutil.Privileged(t)
-	p := testutil.NewPair(t)
-	fw := newFirewall(t, p)
+	p, fw := firewallOnPair(t)
 	mustApply(t, fw, parse(t, t.TempDir(), "p.yaml", "lists:\n  block: {prefixes: [192.0.2.0/24]}\nrules:\n  - {name: d, src: block, action: drop}\n"), p.IfB)
 	old := policy.ListOp{List: "block", Prefix: netip.MustParsePrefix("198.51.100.0/24"), Add: true}
 	if err := writeJSON(fw.legacyOpsPath(), []policy.ListOp{old}); err != nil {

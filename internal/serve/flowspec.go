@@ -99,24 +99,25 @@ func (d *Daemon) flowspecRules(pol *policy.Policy, start bool) (map[string]*poli
 			d.log.Info("flowspec: speaker listening", "listen", c.Listen.String(), "neighbors", len(c.Neighbors))
 		}
 	}
-	routed, policyOf := pol, map[string]*policy.Policy{}
+	routed := pol
 	if len(c.Interfaces) > 0 {
 		// Place adds lists and rules: to a copy, which shares pol's lists.
 		routed = &policy.Policy{}
 		*routed = *pol
 		routed.Lists, routed.Rules = maps.Clone(pol.Lists), slices.Clone(pol.Rules)
-		for _, name := range c.Interfaces {
-			policyOf[name] = routed
-		}
 	}
 	entries := f.table.Entries()
 	flowspec.Place(routed, entries)
-	if len(routed.Rules) == len(pol.Rules) {
-		policyOf = nil // no route placed: one policy, loaded once, for every interface
-	}
 	f.next = make([]flowspec.Entry, len(entries))
 	for i, e := range entries {
 		f.next[i] = *e
+	}
+	if routed == pol || len(routed.Rules) == len(pol.Rules) {
+		return nil, nil // one policy, loaded once, for every interface
+	}
+	policyOf := map[string]*policy.Policy{}
+	for _, name := range c.Interfaces {
+		policyOf[name] = routed
 	}
 	return policyOf, nil
 }
