@@ -113,7 +113,7 @@ int bench_lookup(struct xdp_md *ctx)
 		}
 		mask = m ? *m : 0;
 	} else if (structure == BENCH_RAMPART) {
-		mask = list_membership(family, p.saddr);
+		mask = list_membership(0, family, p.saddr);
 	} else if (structure == BENCH_ONE_READ) {
 		__u32 x, y;
 		__builtin_memcpy(&x, p.saddr, 4);

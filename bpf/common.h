@@ -138,17 +138,39 @@ enum field_base {
 	FIELD_VALUES = BASE_LENGTH + 65537,
 };
 
-/* What a policy sets before load: one read-only global (cfg in flood.h),
- * filled from Go as abi.Config. */
+/* The cuckoo tables' parameters (lists.h): their buckets, and the
+ * multipliers of their two hashes. */
+struct list_params {
+	__u32 v4_buckets;
+	__u32 v4_wide_buckets;
+	__u32 v6_buckets;
+	__u32 v6_short_buckets;
+	__u32 v6_long_buckets;
+	/* The IPv6 prefix length most entries have (0: none): probed before
+	 * the block is known, so that its reads overlap the block's. */
+	__u32 v6_hot_len;
+	__u64 v4_block_mul[2];
+	__u64 v4_wide_mul[2];
+	__u64 v6_block_mul[2];
+	__u64 v6_short_mul[2];
+	__u64 v6_long_mul[2];
+};
+
+/* A generation's settings: the one element of its config map, filled from
+ * Go as abi.Config. */
 struct config {
-	__u64 flood_key[2];          /* SipHash key, random for every load */
+	struct list_params lists;
 	__u32 tree_roots[MAX_TREES]; /* the refs of the classifier's trees */
-	__u32 limit_buckets;         /* limit_sources' buckets, a power of two */
+	__u32 num_trees;
+	__u32 limit_buckets;   /* limit_sources' buckets, a power of two */
 	__u8 default_action;
 	__u8 unparsed_action;  /* for a frame whose verdict hangs on fields it lacks */
 	__u8 malformed_action; /* for a malformed frame: what every rule and the
 				* default agree on, else unparsed_action */
 	__u8 need_l4;          /* some rule looks at the protocol, ports or flags */
+	__u8 need_src;         /* some rule looks at the source's lists */
+	__u8 need_dst;
+	__u8 pad[6];
 };
 
 /* An address class's eqs as a source and as a destination. An address whose

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0
 /* rampart's data plane: one matcher, entry points for XDP and tc (ingress and
- * egress through tcx). The policy arrives as read-only globals set before load
- * (the rule array) and as maps (prefix lists, counters). */
+ * egress through tcx). The program is loaded once for a shape (the maps'
+ * capacities, the SYN cookie check); each policy is a generation of maps
+ * (lists.h's GEN_MAP: rules, classifier, lists, counters, settings) that an
+ * apply fills and swaps in under it by flipping live. */
 #include "parse.h"
 #include "lists.h"
 #include "flood.h"
@@ -10,18 +12,24 @@
 
 char __license[] SEC("license") = "GPL";
 
-/* Set from Go before load, beside cfg (flood.h). Not const, so never dead
- * code to the verifier: when it removes a whole bpf_loop callback or
- * subprog as dead (the IPv6 walk's with no lookups, the SYN cookie code's
- * with no rules, the tree walk's with no rules), kernels up to 6.18 at least
- * can misplace the next subprog's start and fail the load ("verifier bug:
- * No program to jit"). The branch costs one cached load. */
-volatile __u8 need_src_lookup = 0;
-volatile __u8 need_dst_lookup = 0;
-volatile __u32 num_trees = 0;
+/* The generation frames meet (0 or 1), set by Go after the other slot of
+ * every GEN_MAP is filled. An entry point reads it once, so that a frame is
+ * judged by one generation whole. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} live SEC(".maps");
 
-/* The rule entries, in policy order; max_entries of these tables is set to
- * their contents before load. */
+static __always_inline __u32 live_gen(void)
+{
+	__u32 zero = 0;
+	__u32 *g = bpf_map_lookup_elem(&live, &zero);
+	return g ? *g & 1 : 0;
+}
+
+/* The rule entries, in policy order. */
 TABLE(rules, struct rule);
 /* Arrays of u32 words, two to an element: an array map's elements are
  * 8-byte aligned, and these are filled through mmap. */
@@ -30,31 +38,24 @@ TABLE(field_eqs, __u64); /* FIELD_VALUES words: see enum field_base */
 TABLE(class_eqs, struct class_eqs); /* by address class */
 
 /* The eqs of the masks the overlay makes, as far as they are known. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1 << 16);
-	__type(key, __u64);
-	__type(value, struct class_eqs);
-} mask_eqs SEC(".maps");
+GEN_MAP(mask_eqs, BPF_MAP_TYPE_HASH, __u64, struct class_eqs, 1 << 16, BPF_F_NO_PREALLOC);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1); /* SLOT_RULE0 + rules, set before load */
-	__type(key, __u32);
-	__type(value, struct counter);
-} counters SEC(".maps");
+/* SLOT_RULE0 + rules slots. */
+GEN_MAP(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct counter, 1, 0);
 
-/* Word i of a u32 array (tree, field_eqs), or NULL past its end. */
-static __always_inline __u32 *word(void *map, __u32 i)
+/* Word i of a generation's u32 array (tree, field_eqs), or NULL past its
+ * end. */
+static __always_inline __u32 *word(void *outer, __u32 gen, __u32 i)
 {
 	__u32 e = i >> 1;
-	__u32 *w = bpf_map_lookup_elem(map, &e);
+	__u32 *w = gen_lookup(outer, gen, &e);
 	return w ? w + (i & 1) : 0;
 }
 
 /* One frame's classification. */
 struct match_ctx {
 	struct pkt *p;
+	const struct config *c;
 	__u64 src_mask;
 	__u64 dst_mask;
 	__u32 src_eq;
@@ -63,6 +64,7 @@ struct match_ctx {
 	__u32 first;      /* the lowest entry that matches; NO_ENTRY */
 	__u32 unknown[2]; /* the lowest that might have, had the frame carried
 			   * the fields it needs: [0] would pass, [1] not */
+	__u32 gen;
 };
 
 #define NO_ENTRY 0xffffffffu
@@ -222,7 +224,7 @@ static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
 	default:
 		v = BASE_LENGTH + (p->len > VALUE_LONG ? VALUE_LONG : p->len);
 	}
-	__u32 *eq = word(&field_eqs, v);
+	__u32 *eq = word(&field_eqs, m->gen, v);
 	return eq ? *eq : 0;
 }
 
@@ -233,11 +235,11 @@ static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
  * ("No program to jit", seen on 6.18), so each step has an inline body. */
 static __always_inline long scan_entry(struct match_ctx *m, __u32 i)
 {
-	__u32 *e = word(&tree, m->node + 1 + i);
+	__u32 *e = word(&tree, m->gen, m->node + 1 + i);
 	if (!e || *e >= m->first)
 		return 1; /* an earlier entry of another tree matched */
 	__u32 entry = *e;
-	struct rule *r = bpf_map_lookup_elem(&rules, &entry);
+	struct rule *r = gen_lookup(&rules, m->gen, &entry);
 	if (!r)
 		return 1;
 	int res = rule_matches(r, m);
@@ -264,7 +266,7 @@ static __always_inline long walk_step(struct match_ctx *m)
 	__u32 kind = m->node >> TREE_KIND_SHIFT;
 	if (kind >= NUM_FIELDS)
 		return 1;
-	__u32 *child = word(&tree, (m->node & TREE_OFFSET_MASK) + field_eq(kind, m));
+	__u32 *child = word(&tree, m->gen, (m->node & TREE_OFFSET_MASK) + field_eq(kind, m));
 	if (!child) {
 		m->node = 0; /* cannot be: the field's node, never a leaf */
 		return 1;
@@ -286,22 +288,23 @@ struct address {
 	__u32 eq;   /* its eq as a source or destination */
 };
 
-/* Looks up p's source (dst 0) or destination. A global function: the
+/* Looks up p's source (dst 0) or destination in generation gen. A global
+ * function: the
  * verifier checks it once per program, not once per address, and its frame
  * (the IPv6 walk's, the overlay probe's) is not classify's, within the 512
  * bytes of stack Linux 6.1 allows a chain of calls (main 160, classify 120,
  * this 184, a callback 24: at the limit; measure before growing any). */
-__noinline int address_lookup(const struct pkt *p, int dst, struct address *out)
+__noinline int address_lookup(const struct pkt *p, int dst, struct address *out, __u32 gen)
 {
 	if (!p || !out)
 		return 0;
 	__u64 mask;
 	__u32 cls;
 	struct class_eqs *e;
-	if (lookup_membership(p->family, dst ? p->daddr : p->saddr, &mask, &cls))
-		e = bpf_map_lookup_elem(&mask_eqs, &mask);
+	if (lookup_membership(gen, p->family, dst ? p->daddr : p->saddr, &mask, &cls))
+		e = gen_lookup(&mask_eqs, gen, &mask);
 	else
-		e = bpf_map_lookup_elem(&class_eqs, &cls);
+		e = gen_lookup(&class_eqs, gen, &cls);
 	out->mask = mask;
 	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
 	return 0;
@@ -313,32 +316,36 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out)
  * from the stack (drop, or maybe: limit, syncookie). Not inlined: its state
  * lives in its own frame, not beside write_synack's, within the 512 bytes
  * of stack Linux 6.1 allows a chain of calls. */
-static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
+static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen)
 {
-	struct match_ctx m = {.p = p, .src_eq = EQ_ANY, .dst_eq = EQ_ANY};
+	struct match_ctx m = {.p = p, .src_eq = EQ_ANY, .dst_eq = EQ_ANY, .gen = gen};
 	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
+	*maybe = 0;
+	m.c = gen_config(gen);
+	if (!m.c)
+		return NO_ENTRY;
 	struct address a;
-	if (need_src_lookup) {
-		address_lookup(p, 0, &a);
+	if (m.c->need_src) {
+		address_lookup(p, 0, &a, gen);
 		m.src_mask = a.mask;
 		m.src_eq = a.eq;
 	}
-	if (need_dst_lookup) {
-		address_lookup(p, 1, &a);
+	if (m.c->need_dst) {
+		address_lookup(p, 1, &a, gen);
 		m.dst_mask = a.mask;
 		m.dst_eq = a.eq;
 	}
 	for (__u32 t = 0; t < MAX_TREES; t++) {
-		if (t >= num_trees)
+		if (t >= m.c->num_trees)
 			break;
-		m.node = cfg.tree_roots[t];
+		m.node = m.c->tree_roots[t];
 		/* Two levels inline: most trees are that deep. */
 		if (!walk_step(&m) && !walk_step(&m))
 			bpf_loop(TREE_DEPTH - 2, walk_rest, &m, 0);
 		if (m.node >> TREE_KIND_SHIFT != TREE_LEAF)
 			continue;
 		m.node &= TREE_OFFSET_MASK;
-		__u32 *n = word(&tree, m.node);
+		__u32 *n = word(&tree, gen, m.node);
 		if (n && *n && !scan_entry(&m, 0))
 			bpf_loop(*n - 1, scan_rest, &m, 0);
 	}
@@ -350,15 +357,15 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe)
  * *maybe, as classify says, the kinds of action of earlier entries that
  * might have. Inlined: a frame of its own would add to the stack of the
  * chain of calls through classify, at the 512 bytes Linux 6.1 allows. */
-static __always_inline struct rule *first_rule(struct pkt *p, __u32 *maybe)
+static __always_inline struct rule *first_rule(struct pkt *p, __u32 *maybe, __u32 gen)
 {
-	__u32 first = classify(p, maybe);
-	return first == NO_ENTRY ? 0 : bpf_map_lookup_elem(&rules, &first);
+	__u32 first = classify(p, maybe, gen);
+	return first == NO_ENTRY ? 0 : gen_lookup(&rules, gen, &first);
 }
 
-static __always_inline void count(__u32 slot, __u64 bytes)
+static __always_inline void count(__u32 gen, __u32 slot, __u64 bytes)
 {
-	struct counter *c = bpf_map_lookup_elem(&counters, &slot);
+	struct counter *c = gen_lookup(&counters, gen, &slot);
 	if (c) {
 		c->packets++;
 		c->bytes += bytes;
@@ -377,21 +384,21 @@ enum verdict {
  * rule that might have matched, had the frame carried the fields it needs,
  * would have given another kind: then the frame is unparsed. A limit rule
  * passes under its rate and drops over it (counted apart, in rule_events). */
-static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p, __u32 *rule)
+static __always_inline int decide(const struct config *c, __u32 gen, __u32 bytes, int parsed, struct pkt *p, __u32 *rule)
 {
 	if (parsed == PARSE_NON_IP) {
-		count(SLOT_NON_IP, bytes);
+		count(gen, SLOT_NON_IP, bytes);
 		return VERDICT_PASS;
 	}
 	if (parsed != PARSE_OK) {
-		count(SLOT_MALFORMED, bytes);
-		return cfg.malformed_action;
+		count(gen, SLOT_MALFORMED, bytes);
+		return c->malformed_action;
 	}
 
 	__u32 maybe = 0;
-	struct rule *r = first_rule(p, &maybe);
+	struct rule *r = first_rule(p, &maybe, gen);
 
-	__u8 act = cfg.default_action;
+	__u8 act = c->default_action;
 	__u32 slot = SLOT_DEFAULT;
 	if (r) {
 		act = r->action;
@@ -399,40 +406,44 @@ static __always_inline int decide(__u32 bytes, int parsed, struct pkt *p, __u32 
 		slot = SLOT_RULE0 + r->rule;
 	}
 	if (maybe & ~(1 << (act != ACTION_PASS))) {
-		count(SLOT_UNPARSED, bytes);
-		return cfg.unparsed_action;
+		count(gen, SLOT_UNPARSED, bytes);
+		return c->unparsed_action;
 	}
 	switch (act) {
 	case ACTION_LIMIT:
-		if (!limit_conforms(*rule, p, bytes)) {
-			count_event(*rule, EVENT_OVER);
+		if (!limit_conforms(c, gen, *rule, p, bytes)) {
+			count_event(gen, *rule, EVENT_OVER);
 			return VERDICT_DROP;
 		}
-		count(slot, bytes);
+		count(gen, slot, bytes);
 		return VERDICT_PASS;
 	case ACTION_SYNCOOKIE:
-		count(slot, bytes);
+		count(gen, slot, bytes);
 		return VERDICT_SYNCOOKIE;
 	}
-	count(slot, bytes);
+	count(gen, slot, bytes);
 	return act == ACTION_DROP ? VERDICT_DROP : VERDICT_PASS;
 }
 
 SEC("xdp")
 int rampart_xdp(struct xdp_md *ctx)
 {
+	__u32 gen = live_gen();
+	const struct config *c = gen_config(gen);
+	if (!c)
+		return XDP_PASS; /* cannot be: a generation is filled before attach */
 	struct pkt p = {};
 	__u32 rule = 0;
-	int parsed = parse_xdp(ctx, &p, cfg.need_l4);
+	int parsed = parse_xdp(ctx, &p, c->need_l4);
 	__u32 bytes = ctx->data_end - ctx->data;
-	switch (decide(bytes, parsed, &p, &rule)) {
+	switch (decide(c, gen, bytes, parsed, &p, &rule)) {
 	case VERDICT_DROP:
 		return XDP_DROP;
 	case VERDICT_SYNCOOKIE:
 		/* SYNs are answered here; the ACK that returns a cookie is
 		 * checked by rampart_tc_cookie, at tc. */
 		if (is_syn(&p))
-			return synack_in_place(ctx, &p, rule) || write_synack(ctx, &p, rule, 0) ? XDP_TX : XDP_DROP;
+			return synack_in_place(ctx, &p, gen, rule) || write_synack(ctx, &p, gen, rule, 0) ? XDP_TX : XDP_DROP;
 	}
 	return XDP_PASS;
 }
@@ -467,16 +478,20 @@ __attribute__((noinline)) int abi_enums(struct abi_enums *e)
 SEC("tc")
 int rampart_tc(struct __sk_buff *skb)
 {
+	__u32 gen = live_gen();
+	const struct config *c = gen_config(gen);
+	if (!c)
+		return TCX_NEXT; /* cannot be: a generation is filled before attach */
 	struct pkt p = {};
 	__u32 rule = 0;
-	int parsed = parse_skb(skb, &p, cfg.need_l4);
-	switch (decide(skb->len, parsed, &p, &rule)) {
+	int parsed = parse_skb(skb, &p, c->need_l4);
+	switch (decide(c, gen, skb->len, parsed, &p, &rule)) {
 	case VERDICT_DROP:
 		return TCX_DROP;
 	case VERDICT_SYNCOOKIE:
 		if (is_syn(&p))
-			return write_synack(skb, &p, rule, 1) ? bpf_redirect(skb->ifindex, 0) : TCX_DROP;
-		return cookie_ack(skb, &p, rule) ? TCX_NEXT : TCX_DROP;
+			return write_synack(skb, &p, gen, rule, 1) ? bpf_redirect(skb->ifindex, 0) : TCX_DROP;
+		return cookie_ack(skb, &p, gen, rule) ? TCX_NEXT : TCX_DROP;
 	}
 	return TCX_NEXT;
 }
@@ -487,12 +502,13 @@ int rampart_tc(struct __sk_buff *skb)
 SEC("tc")
 int rampart_tc_cookie(struct __sk_buff *skb)
 {
+	__u32 gen = live_gen();
 	struct pkt p = {};
 	if (parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
 	__u32 maybe = 0;
-	struct rule *r = first_rule(&p, &maybe);
+	struct rule *r = first_rule(&p, &maybe, gen);
 	if (!r || r->action != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
-	return cookie_ack(skb, &p, r->rule) ? TCX_NEXT : TCX_DROP;
+	return cookie_ack(skb, &p, gen, r->rule) ? TCX_NEXT : TCX_DROP;
 }

@@ -7,22 +7,19 @@
 #include <bpf/bpf_helpers.h>
 
 #include "common.h"
+#include "lists.h" /* GEN_MAP */
 
-/* The policy's settings (bpf/common.h). The SipHash key is random for every
- * load: table slots and cookies cannot be aimed at by whoever lacks it. */
-volatile const struct config cfg = {.limit_buckets = 1};
+/* The SipHash key: random, set before load and kept by every generation
+ * (a new one would fail every cookie in flight), so that table slots and
+ * cookies cannot be aimed at by whoever lacks it. */
+volatile const __u64 flood_key[2] = {0, 0};
 
 /* By rule: struct rule_events. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct rule_events);
-} rule_events SEC(".maps");
+GEN_MAP(rule_events, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct rule_events, 1, 0);
 
-static __always_inline void count_event(__u32 rule, int which)
+static __always_inline void count_event(__u32 gen, __u32 rule, int which)
 {
-	struct rule_events *e = bpf_map_lookup_elem(&rule_events, &rule);
+	struct rule_events *e = gen_lookup(&rule_events, gen, &rule);
 	if (!e)
 		return;
 	switch (which) {

@@ -7,26 +7,15 @@
 #include "flood.h"
 #include "siphash.h"
 
-/* The limit rules' rates, by rule; these per-rule maps' max_entries are set
- * to the policy's rules before load. */
+/* The limit rules' rates, by rule. */
 TABLE(limits, struct limit);
 
 /* Per-rule limits: one schedule per rule, shared by every CPU. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} limit_state SEC(".maps");
+GEN_MAP(limit_state, BPF_MAP_TYPE_ARRAY, __u32, __u64, 1, 0);
 
 /* Per-source limits: set-associative, keyed by a SipHash of the rule and
  * the source prefix; sized once, never allocated per packet. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct limit_bucket);
-} limit_sources SEC(".maps");
+GEN_MAP(limit_sources, BPF_MAP_TYPE_ARRAY, __u32, struct limit_bucket, 1, 0);
 
 /* Generic cell rate algorithm on a schedule tat (the theoretical arrival
  * time of the next packet): a packet conforms when the schedule, brought up
@@ -58,7 +47,7 @@ static __always_inline __u64 top_bits(__u64 v, __u32 n)
  * kept from eviction, and a flood of random sources cannot push them out
  * of the table to clear their debt. When every way of the bucket owes, the
  * new source is over: the table is full of sources over their rate. */
-static __always_inline int limit_source(__u32 rule, const struct limit *l, const struct pkt *p, __u64 now, __u64 cost)
+static __always_inline int limit_source(const struct config *c, __u32 gen, __u32 rule, const struct limit *l, const struct pkt *p, __u64 now, __u64 cost)
 {
 	/* As few words as the key needs (each is a SipHash round): an IPv4
 	 * prefix shares one with the rule (under 2^24, MAX_RULES) and family,
@@ -77,8 +66,8 @@ static __always_inline int limit_source(__u32 rule, const struct limit *l, const
 		else
 			h = siphash13(id, hi, top_bits(lo, l->prefix6 - 64), 3);
 	}
-	__u32 b = (h >> 32) & (cfg.limit_buckets - 1);
-	struct limit_bucket *bk = bpf_map_lookup_elem(&limit_sources, &b);
+	__u32 b = (h >> 32) & (c->limit_buckets - 1);
+	struct limit_bucket *bk = gen_lookup(&limit_sources, gen, &b);
 	if (!bk)
 		return 1;
 	__u64 tag = h | 1;
@@ -110,9 +99,9 @@ static __always_inline int limit_source(__u32 rule, const struct limit *l, const
 }
 
 /* Whether a packet of bytes conforms to rule's limit. */
-static __always_inline int limit_conforms(__u32 rule, const struct pkt *p, __u32 bytes)
+static __always_inline int limit_conforms(const struct config *c, __u32 gen, __u32 rule, const struct pkt *p, __u32 bytes)
 {
-	const struct limit *l = bpf_map_lookup_elem(&limits, &rule);
+	const struct limit *l = gen_lookup(&limits, gen, &rule);
 	if (!l)
 		return 1;
 	/* The coarse clock: the fine one fences the TSC read on every limited
@@ -125,7 +114,7 @@ static __always_inline int limit_conforms(__u32 rule, const struct pkt *p, __u32
 	if (l->flags & LIMIT_BYTES)
 		cost = (bytes * l->interval) >> LIMIT_BYTE_SHIFT;
 	if (l->flags & LIMIT_PER_SOURCE)
-		return limit_source(rule, l, p, now, cost);
-	__u64 *tat = bpf_map_lookup_elem(&limit_state, &rule);
+		return limit_source(c, gen, rule, l, p, now, cost);
+	__u64 *tat = gen_lookup(&limit_state, gen, &rule);
 	return tat ? gcra(tat, now, cost, l->tolerance) : 1;
 }

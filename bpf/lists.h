@@ -7,30 +7,83 @@
 
 #include "common.h"
 
-/* The cuckoo tables' buckets and the multipliers of their two hashes. */
-volatile const __u32 v4_buckets = PAGE_BUCKETS;
-volatile const __u32 v4_wide_buckets = PAGE_BUCKETS;
-volatile const __u32 v6_buckets = PAGE_BUCKETS;
-volatile const __u32 v6_short_buckets = PAGE_BUCKETS;
-volatile const __u32 v6_long_buckets = PAGE_BUCKETS;
-volatile const __u64 v4_block_mul[2] = {1, 1};
-volatile const __u64 v4_wide_mul[2] = {1, 1};
-volatile const __u64 v6_block_mul[2] = {1, 1};
-volatile const __u64 v6_short_mul[2] = {1, 1};
-volatile const __u64 v6_long_mul[2] = {1, 1};
-/* The IPv6 prefix length most entries have (0: none): probed before the
- * block is known, so that its reads overlap the block's. */
-volatile const __u32 v6_hot_len = 0;
-
-/* max_entries of every table is set to its contents before load. */
-#define TABLE(name, value_type)                                                 \
+/* Every table a policy fills belongs to a generation: an inner map in
+ * slot gen (0 or 1) of an outer array of maps. An apply fills a new
+ * generation's maps in the slot no frame reads, then flips live
+ * (filter.c): the program stays loaded, and a frame, which reads live once,
+ * meets one generation whole. The inner maps' max_entries is set before
+ * load: the capacity of the program's shape, which a generation fills up
+ * to. */
+#define GEN_MAP(name, map_type, key_type, value_type, entries, flags)           \
 	struct {                                                                \
-		__uint(type, BPF_MAP_TYPE_ARRAY);                               \
-		__uint(max_entries, 1);                                         \
-		__uint(map_flags, BPF_F_MMAPABLE);                              \
+		__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);                       \
+		__uint(max_entries, 2);                                         \
 		__type(key, __u32);                                             \
-		__type(value, value_type);                                      \
+		__array(values, struct {                                        \
+			__uint(type, map_type);                                 \
+			__uint(max_entries, entries);                           \
+			__uint(map_flags, flags);                               \
+			__type(key, key_type);                                  \
+			__type(value, value_type);                              \
+		});                                                             \
 	} name SEC(".maps")
+
+/* A generation's array filled through mmap. */
+#define TABLE(name, value_type) GEN_MAP(name, BPF_MAP_TYPE_ARRAY, __u32, value_type, 1, BPF_F_MMAPABLE)
+
+/* An inner map's key and value types reach the object's BTF only through
+ * pointers in an array, where clang emits forward declarations a loader
+ * cannot size. gen_types, never called and never loaded, emits them whole. */
+struct gen_types {
+	struct config config;
+	struct rule rule;
+	struct class_eqs class_eqs;
+	struct counter counter;
+	struct rule_events rule_events;
+	struct limit limit;
+	struct limit_bucket limit_bucket;
+	struct v4_bucket v4_bucket;
+	struct v4_bitmap v4_bitmap;
+	struct v4_tbl8 v4_tbl8;
+	struct v6_bucket v6_bucket;
+	struct v6_short_bucket v6_short_bucket;
+	struct v6_long_bucket v6_long_bucket;
+	struct overlay overlay;
+	struct overlay_lengths overlay_lengths;
+	struct lpm_v4_key lpm_v4_key;
+	struct lpm_v6_key lpm_v6_key;
+};
+
+__attribute__((noinline)) int gen_types(struct gen_types *t)
+{
+	return t != 0;
+}
+
+/* A generation's map: the inner map in slot gen of outer, or NULL. */
+static __always_inline void *gen_map(void *outer, __u32 gen)
+{
+	__u32 g = gen & 1;
+	return bpf_map_lookup_elem(outer, &g);
+}
+
+/* An element of a generation's map, or NULL. */
+static __always_inline void *gen_lookup(void *outer, __u32 gen, const void *key)
+{
+	void *m = gen_map(outer, gen);
+	return m ? bpf_map_lookup_elem(m, key) : 0;
+}
+
+/* The value type of a generation's map. */
+#define GEN_VALUE(name) typeof(*name.values[0]->value)
+
+/* A generation's settings (struct config): one element. */
+GEN_MAP(configs, BPF_MAP_TYPE_ARRAY, __u32, struct config, 1, 0);
+
+static __always_inline const struct config *gen_config(__u32 gen)
+{
+	__u32 zero = 0;
+	return gen_lookup(&configs, gen, &zero);
+}
 
 TABLE(v4_blocks, struct v4_bucket);
 TABLE(v4_wide, struct v4_bucket);
@@ -43,30 +96,12 @@ TABLE(v6_long, struct v6_long_bucket);
 TABLE(classes, __u64);
 
 /* Changed in place; keys are masked to their length. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1 << 20);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct lpm_v4_key);
-	__type(value, struct overlay);
-} overlay_v4 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1 << 20);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct lpm_v6_key);
-	__type(value, struct overlay);
-} overlay_v6 SEC(".maps");
+GEN_MAP(overlay_v4, BPF_MAP_TYPE_HASH, struct lpm_v4_key, struct overlay, 1 << 20, BPF_F_NO_PREALLOC);
+GEN_MAP(overlay_v6, BPF_MAP_TYPE_HASH, struct lpm_v6_key, struct overlay, 1 << 20, BPF_F_NO_PREALLOC);
 
 /* The lengths the overlay holds, per family (0: IPv4, 1: IPv6), kept by Go:
  * a length is added before its first entry and dropped after its last. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 2);
-	__type(key, __u32);
-	__type(value, struct overlay_lengths);
-} overlay_lengths SEC(".maps");
+GEN_MAP(overlay_lengths, BPF_MAP_TYPE_ARRAY, __u32, struct overlay_lengths, 2, 0);
 
 /* A key's first bucket: multiply-shift, then a range reduction. */
 static __always_inline __u32 first_bucket(__u32 digest, __u64 mul, __u32 buckets)
@@ -89,14 +124,15 @@ static __always_inline __u32 second_bucket(__u32 first, __u32 digest, __u64 mul)
  * bucket is read before the first is compared, so that the two reads
  * overlap whatever the branch predictor guesses. (A second bucket past a
  * table's end cannot be: tables hold whole pages.) */
-#define CUCKOO_FIND(table, buckets, mul, local, digest, match)                  \
+#define CUCKOO_FIND(table, gen, buckets, mul, local, digest, match)             \
 	({                                                                      \
 		__u32 d_ = (digest);                                            \
 		__u32 i_ = first_bucket(d_, (mul)[0], buckets);                 \
 		__u32 j_ = (local) ? second_bucket(i_, d_, (mul)[1])            \
 				   : first_bucket(d_, (mul)[1], buckets);         \
-		typeof(*table.value) *x_ = bpf_map_lookup_elem(&table, &i_);    \
-		typeof(*table.value) *y_ = bpf_map_lookup_elem(&table, &j_);    \
+		void *t_ = gen_map(&table, gen);                                \
+		GEN_VALUE(table) *x_ = t_ ? bpf_map_lookup_elem(t_, &i_) : 0;   \
+		GEN_VALUE(table) *y_ = t_ ? bpf_map_lookup_elem(t_, &j_) : 0;   \
 		typeof(&x_->slot[0]) found_ = 0;                                \
 		if (x_ && y_) {                                                 \
 			__u64 first_ = *(volatile __u64 *)y_;                   \
@@ -115,13 +151,13 @@ static __always_inline __u32 second_bucket(__u32 first, __u32 digest, __u64 mul)
 		found_;                                                         \
 	})
 
-static __always_inline __u32 v4_class(const __u8 *addr)
+static __always_inline __u32 v4_class(const struct list_params *lp, __u32 gen, const __u8 *addr)
 {
 	__u32 a = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
 	__u32 key = (a >> 8) + 1, wkey = (a >> 16) + 1;
-	struct v4_block *b = CUCKOO_FIND(v4_blocks, v4_buckets, v4_block_mul, LOCAL, key, s_->key == key);
+	struct v4_block *b = CUCKOO_FIND(v4_blocks, gen, lp->v4_buckets, lp->v4_block_mul, LOCAL, key, s_->key == key);
 	/* Read beside the block's buckets: a /16 wholly in one class. */
-	struct v4_block *w = CUCKOO_FIND(v4_wide, v4_wide_buckets, v4_wide_mul, LOCAL, wkey, s_->key == wkey);
+	struct v4_block *w = CUCKOO_FIND(v4_wide, gen, lp->v4_wide_buckets, lp->v4_wide_mul, LOCAL, wkey, s_->key == wkey);
 	if (!b)
 		return w ? (__u32)w->entry : 0;
 	__u64 e = b->entry;
@@ -140,14 +176,14 @@ static __always_inline __u32 v4_class(const __u8 *addr)
 	}
 	case V4E_BITMAP: {
 		__u32 bi = (__u32)e;
-		struct v4_bitmap *b = bpf_map_lookup_elem(&v4_bitmaps, &bi);
+		struct v4_bitmap *b = gen_lookup(&v4_bitmaps, gen, &bi);
 		if (!b)
 			return 0;
 		return (b->bits[lo >> 6] >> (lo & 63)) & 1 ? b->hit : b->base;
 	}
 	default: {
 		__u32 ti = (__u32)e;
-		struct v4_tbl8 *t = bpf_map_lookup_elem(&v4_tbl8s, &ti);
+		struct v4_tbl8 *t = gen_lookup(&v4_tbl8s, gen, &ti);
 		return t ? t->cls[lo] : 0;
 	}
 	}
@@ -168,26 +204,26 @@ static __always_inline __u64 mask_top(__u64 v, __u32 bits)
 }
 
 /* The class of the prefix of length len (25 to 64) holding hi, or -1. */
-static __always_inline long v6_probe_short(__u64 hi, __u32 len)
+static __always_inline long v6_probe_short(const struct list_params *lp, __u32 gen, __u64 hi, __u32 len)
 {
 	__u64 key = mask_top(hi, len);
-	struct v6_slot *s = CUCKOO_FIND(v6_short, v6_short_buckets, v6_short_mul, LOCAL, v6_digest(key, 0, len),
+	struct v6_slot *s = CUCKOO_FIND(v6_short, gen, lp->v6_short_buckets, lp->v6_short_mul, LOCAL, v6_digest(key, 0, len),
 					s_->len == len && s_->key == key);
 	return s ? (long)s->cls : -1; /* not s->cls : -1, which is unsigned */
 }
 
 /* The class of the prefix of length len (65 to 128) holding hi:lo, or -1. */
-static __always_inline long v6_probe_long(__u64 hi, __u64 lo, __u32 len)
+static __always_inline long v6_probe_long(const struct list_params *lp, __u32 gen, __u64 hi, __u64 lo, __u32 len)
 {
 	__u64 klo = mask_top(lo, len - 64);
-	struct v6_long_slot *s = CUCKOO_FIND(v6_long, v6_long_buckets, v6_long_mul, ANYWHERE, v6_digest(hi, klo, len),
+	struct v6_long_slot *s = CUCKOO_FIND(v6_long, gen, lp->v6_long_buckets, lp->v6_long_mul, ANYWHERE, v6_digest(hi, klo, len),
 					     s_->len == len && s_->hi == hi && s_->lo == klo);
 	return s ? (long)s->cls : -1; /* not s->cls : -1, which is unsigned */
 }
 
-static __always_inline long v6_probe(__u64 hi, __u64 lo, __u32 len)
+static __always_inline long v6_probe(const struct list_params *lp, __u32 gen, __u64 hi, __u64 lo, __u32 len)
 {
-	return len > 64 ? v6_probe_long(hi, lo, len) : v6_probe_short(hi, len);
+	return len > 64 ? v6_probe_long(lp, gen, hi, lo, len) : v6_probe_short(lp, gen, hi, len);
 }
 
 /* The walk over the lengths present under a /24, longest first. */
@@ -195,7 +231,8 @@ struct v6_walk {
 	__u64 hi, lo;
 	__u64 short_lens, long_lens;
 	long cls;
-	long hot; /* the probe of v6_hot_len, made up front */
+	long hot; /* the probe of the hot length, made up front */
+	__u32 gen;
 };
 
 static __always_inline int highest(__u64 v)
@@ -218,7 +255,10 @@ static __always_inline long v6_next_length(struct v6_walk *w)
 	} else {
 		return 1;
 	}
-	w->cls = len == v6_hot_len ? w->hot : v6_probe(w->hi, w->lo, len);
+	const struct config *c = gen_config(w->gen);
+	if (!c)
+		return 1;
+	w->cls = len == c->lists.v6_hot_len ? w->hot : v6_probe(&c->lists, w->gen, w->hi, w->lo, len);
 	return w->cls >= 0;
 }
 
@@ -231,21 +271,21 @@ static long v6_step(__u32 i, void *arg)
 	return v6_next_length(arg);
 }
 
-static __always_inline __u32 v6_class(const __u8 *addr)
+static __always_inline __u32 v6_class(const struct list_params *lp, __u32 gen, const __u8 *addr)
 {
 	__u64 hi, lo;
 	__builtin_memcpy(&hi, addr, 8);
 	__builtin_memcpy(&lo, addr + 8, 8);
 	hi = bpf_be64_to_cpu(hi);
 	lo = bpf_be64_to_cpu(lo);
-	long hot = v6_hot_len ? v6_probe(hi, lo, v6_hot_len) : -1;
+	long hot = lp->v6_hot_len ? v6_probe(lp, gen, hi, lo, lp->v6_hot_len) : -1;
 	__u32 key = (hi >> 40) + 1;
-	struct v6_block *n = CUCKOO_FIND(v6_blocks, v6_buckets, v6_block_mul, ANYWHERE, key, s_->key == key);
+	struct v6_block *n = CUCKOO_FIND(v6_blocks, gen, lp->v6_buckets, lp->v6_block_mul, ANYWHERE, key, s_->key == key);
 	if (!n)
 		return 0;
 	if (!(n->short_lens | n->long_lens))
 		return n->base;
-	struct v6_walk w = {.hi = hi, .lo = lo, .short_lens = n->short_lens, .long_lens = n->long_lens, .cls = -1, .hot = hot};
+	struct v6_walk w = {.hi = hi, .lo = lo, .short_lens = n->short_lens, .long_lens = n->long_lens, .cls = -1, .hot = hot, .gen = gen};
 	/* The common case, one length, without the loop's call. */
 	if (!v6_next_length(&w) && (w.short_lens | w.long_lens))
 		bpf_loop(64 + 40, v6_step, &w, 0);
@@ -258,6 +298,7 @@ struct overlay_probe {
 	__u64 hi, lo; /* the address in host order (IPv4: in hi's top 32 bits) */
 	struct overlay *found;
 	__u8 v6;
+	__u32 gen;
 };
 
 /* Probes the longest length left; 1 when done. */
@@ -275,12 +316,12 @@ static __always_inline long overlay_probe(struct overlay_probe *pr)
 		__u64 lo = bpf_cpu_to_be64(len > 64 ? mask_top(pr->lo, len - 64) : 0);
 		__builtin_memcpy(k.addr, &hi, 8);
 		__builtin_memcpy(k.addr + 8, &lo, 8);
-		pr->found = bpf_map_lookup_elem(&overlay_v6, &k);
+		pr->found = gen_lookup(&overlay_v6, pr->gen, &k);
 	} else {
 		struct lpm_v4_key k = {.prefixlen = len};
 		__u32 a = bpf_htonl((__u32)(mask_top(pr->hi, len) >> 32));
 		__builtin_memcpy(k.addr, &a, 4);
-		pr->found = bpf_map_lookup_elem(&overlay_v4, &k);
+		pr->found = gen_lookup(&overlay_v4, pr->gen, &k);
 	}
 	return pr->found != 0;
 }
@@ -291,19 +332,25 @@ static long overlay_step(__u32 i, void *arg)
 	return overlay_probe(arg);
 }
 
-/* An address's lists: its class in the tables (*cls) and the mask of lists
- * after the overlay (*mask). Returns whether the overlay changed it. */
-static __always_inline int lookup_membership(__u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
+/* An address's lists in generation gen: its class in the tables (*cls) and
+ * the mask of lists after the overlay (*mask). Returns whether the overlay
+ * changed it. */
+static __always_inline int lookup_membership(__u32 gen, __u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
 {
-	*cls = family == 4 ? v4_class(addr) : v6_class(addr);
-	__u64 *m = bpf_map_lookup_elem(&classes, cls);
+	const struct config *c = gen_config(gen);
+	*cls = 0;
+	*mask = 0;
+	if (!c)
+		return 0;
+	*cls = family == 4 ? v4_class(&c->lists, gen, addr) : v6_class(&c->lists, gen, addr);
+	__u64 *m = gen_lookup(&classes, gen, cls);
 	*mask = m ? *m : 0;
 
 	__u32 fi = family == 4 ? 0 : 1;
-	struct overlay_lengths *lens = bpf_map_lookup_elem(&overlay_lengths, &fi);
+	struct overlay_lengths *lens = gen_lookup(&overlay_lengths, gen, &fi);
 	if (!lens || !(lens->bits[0] | lens->bits[1] | lens->bits[2]))
 		return 0;
-	struct overlay_probe pr = {.lens = {lens->bits[0], lens->bits[1], lens->bits[2]}, .v6 = family != 4};
+	struct overlay_probe pr = {.lens = {lens->bits[0], lens->bits[1], lens->bits[2]}, .v6 = family != 4, .gen = gen};
 	if (family == 4) {
 		__u32 a;
 		__builtin_memcpy(&a, addr, 4);
@@ -322,11 +369,11 @@ static __always_inline int lookup_membership(__u8 family, const __u8 *addr, __u6
 	return 1;
 }
 
-/* The lists holding addr (4 or 16 bytes, network order). */
-static __always_inline __u64 list_membership(__u8 family, const __u8 *addr)
+/* The lists holding addr (4 or 16 bytes, network order) in generation gen. */
+static __always_inline __u64 list_membership(__u32 gen, __u8 family, const __u8 *addr)
 {
 	__u64 mask;
 	__u32 cls;
-	lookup_membership(family, addr, &mask, &cls);
+	lookup_membership(gen, family, addr, &mask, &cls);
 	return mask;
 }

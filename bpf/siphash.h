@@ -1,4 +1,4 @@
-/* SipHash under the policy's key (cfg.flood_key): table slots and SYN
+/* SipHash under the policy's key (flood_key): table slots and SYN
  * cookies that whoever lacks the key cannot aim at. */
 #pragma once
 
@@ -18,11 +18,11 @@
 	} while (0)
 
 /* SipHash-2-4 of n 64-bit words (a constant, at most 6) under
- * cfg.flood_key. */
+ * flood_key. */
 static __always_inline __u64 siphash24(const __u64 *m, const int n)
 {
-	__u64 v0 = cfg.flood_key[0] ^ 0x736f6d6570736575ULL, v1 = cfg.flood_key[1] ^ 0x646f72616e646f6dULL;
-	__u64 v2 = cfg.flood_key[0] ^ 0x6c7967656e657261ULL, v3 = cfg.flood_key[1] ^ 0x7465646279746573ULL;
+	__u64 v0 = flood_key[0] ^ 0x736f6d6570736575ULL, v1 = flood_key[1] ^ 0x646f72616e646f6dULL;
+	__u64 v2 = flood_key[0] ^ 0x6c7967656e657261ULL, v3 = flood_key[1] ^ 0x7465646279746573ULL;
 #pragma unroll
 	for (int i = 0; i < 6; i++) {
 		if (i >= n)
@@ -42,8 +42,8 @@ static __always_inline __u64 siphash24(const __u64 *m, const int n)
  * collide by construction: the length is hashed in. */
 static __always_inline __u64 siphash13(__u64 a, __u64 b, __u64 c, int n)
 {
-	__u64 v0 = cfg.flood_key[0] ^ 0x736f6d6570736575ULL, v1 = cfg.flood_key[1] ^ 0x646f72616e646f6dULL;
-	__u64 v2 = cfg.flood_key[0] ^ 0x6c7967656e657261ULL, v3 = cfg.flood_key[1] ^ 0x7465646279746573ULL;
+	__u64 v0 = flood_key[0] ^ 0x736f6d6570736575ULL, v1 = flood_key[1] ^ 0x646f72616e646f6dULL;
+	__u64 v2 = flood_key[0] ^ 0x6c7967656e657261ULL, v3 = flood_key[1] ^ 0x7465646279746573ULL;
 	v3 ^= a; SIPROUND; v0 ^= a;
 	if (n > 1) {
 		v3 ^= b; SIPROUND; v0 ^= b;

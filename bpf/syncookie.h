@@ -309,7 +309,7 @@ extern int bpf_sk_assign_tcp_reqsk(struct __sk_buff *skb, struct sock *sk, struc
 /* Writes the SYN-ACK for SYN p over the frame, in place: MACs swapped, the
  * IP header (without options or extension headers) and TCP rewritten, the
  * frame cut or grown to fit. Returns the reply's length, 0 on failure. */
-static __noinline __u32 write_synack(void *ctx, const struct pkt *p, __u32 rule, const int skb)
+static __noinline __u32 write_synack(void *ctx, const struct pkt *p, __u32 gen, __u32 rule, const int skb)
 {
 	struct tcp_head h;
 	struct opt_walk w = {};
@@ -354,7 +354,7 @@ static __noinline __u32 write_synack(void *ctx, const struct pkt *p, __u32 rule,
 	}
 	if (err)
 		return 0;
-	count_event(rule, EVENT_COOKIE_SENT);
+	count_event(gen, rule, EVENT_COOKIE_SENT);
 	return len;
 }
 
@@ -398,7 +398,7 @@ struct in_place {
  * 20: with timestamps and window scale, as build_synack lays them out):
  * the same bytes as write_synack's, written in place. v6 and n are
  * constants, so that every offset is one for the verifier. */
-static __always_inline int answer_in_place(struct xdp_md *ctx, __u32 rule, const struct in_place *a, const int v6, const __u32 n)
+static __always_inline int answer_in_place(struct xdp_md *ctx, const struct in_place *a, const int v6, const __u32 n)
 {
 	const __u32 l4 = v6 ? 54 : 34, want = l4 + 20 + n;
 	int have = bpf_xdp_get_buff_len(ctx);
@@ -474,7 +474,6 @@ static __always_inline int answer_in_place(struct xdp_md *ctx, __u32 rule, const
 	__builtin_memcpy(mac, data, 6);
 	__builtin_memcpy(data, data + 6, 6);
 	__builtin_memcpy(data + 6, mac, 6);
-	count_event(rule, EVENT_COOKIE_SENT);
 	return 1;
 }
 
@@ -484,7 +483,7 @@ static __always_inline int answer_in_place(struct xdp_md *ctx, __u32 rule, const
  * scratch map, which were a third of an answer's cost. Returns 1 when the
  * frame is the reply, else 0 with the headers untouched (its tail may have
  * been cut or grown to the reply's length): write_synack answers it. */
-static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, __u32 rule)
+static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, __u32 gen, __u32 rule)
 {
 	const int v6 = p->family == 6;
 	const __u32 l4 = v6 ? 54 : 34;
@@ -499,9 +498,14 @@ static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, _
 	/* The tail may move below; the header does not. */
 	a.isn = bpf_ntohl(th->seq);
 	a.cookie = make_cookie(p, a.isn, &a.o, &a.tsval, bpf_ktime_get_coarse_ns() >> COOKIE_SLOT_SHIFT);
+	int ok;
 	if (v6)
-		return a.o.ts ? answer_in_place(ctx, rule, &a, 1, 20) : answer_in_place(ctx, rule, &a, 1, 4);
-	return a.o.ts ? answer_in_place(ctx, rule, &a, 0, 20) : answer_in_place(ctx, rule, &a, 0, 4);
+		ok = a.o.ts ? answer_in_place(ctx, &a, 1, 20) : answer_in_place(ctx, &a, 1, 4);
+	else
+		ok = a.o.ts ? answer_in_place(ctx, &a, 0, 20) : answer_in_place(ctx, &a, 0, 4);
+	if (ok)
+		count_event(gen, rule, EVENT_COOKIE_SENT);
+	return ok;
 }
 
 /* Checks the ACK that may return a cookie, in tc. Segments for a socket
@@ -509,7 +513,7 @@ static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, _
  * they are. An ACK to a listener whose cookie holds becomes a request socket
  * the kernel completes into a connection; one whose cookie does not is
  * dropped. Returns whether to pass the segment. */
-static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u32 rule)
+static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u32 gen, __u32 rule)
 {
 	if (!bpf_sk_assign_tcp_reqsk)
 		return 1;
@@ -560,7 +564,7 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 	}
 	pass = 0;
 	if (!ok) {
-		count_event(rule, EVENT_COOKIE_BAD);
+		count_event(gen, rule, EVENT_COOKIE_BAD);
 		goto out;
 	}
 	const __u16 *tab = p->family == 4 ? msstab4 : msstab6;
@@ -584,11 +588,11 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 		 * MPTCP one (Go's listeners are, from Go 1.24), or options
 		 * its sysctls turn off. The kernel answers the ACK itself
 		 * (with a reset): the client learns at once. */
-		count_event(rule, EVENT_COOKIE_BAD);
+		count_event(gen, rule, EVENT_COOKIE_BAD);
 		pass = 1;
 		goto out;
 	}
-	count_event(rule, EVENT_COOKIE_OK);
+	count_event(gen, rule, EVENT_COOKIE_OK);
 	pass = 1;
 out:
 	bpf_sk_release(sk);

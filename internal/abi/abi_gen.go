@@ -186,17 +186,36 @@ type ClassEqs struct {
 	Dst uint32
 }
 
+// ListParams is struct list_params.
+type ListParams struct {
+	_              structs.HostLayout
+	V4Buckets      uint32
+	V4WideBuckets  uint32
+	V6Buckets      uint32
+	V6ShortBuckets uint32
+	V6LongBuckets  uint32
+	V6HotLen       uint32
+	V4BlockMul     [2]uint64
+	V4WideMul      [2]uint64
+	V6BlockMul     [2]uint64
+	V6ShortMul     [2]uint64
+	V6LongMul      [2]uint64
+}
+
 // Config is struct config.
 type Config struct {
 	_               structs.HostLayout
-	FloodKey        [2]uint64
+	Lists           ListParams
 	TreeRoots       [3]uint32
+	NumTrees        uint32
 	LimitBuckets    uint32
 	DefaultAction   uint8
 	UnparsedAction  uint8
 	MalformedAction uint8
 	NeedL4          uint8
-	_               [4]byte
+	NeedSrc         uint8
+	NeedDst         uint8
+	Pad             [6]uint8
 }
 
 // enum limits

@@ -26,6 +26,7 @@ const (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	benchMapClasses        = "classes"
+	benchMapConfigs        = "configs"
 	benchMapHits           = "hits"
 	benchMapKernelLpmV4    = "kernel_lpm_v4"
 	benchMapKernelLpmV6    = "kernel_lpm_v6"
@@ -49,17 +50,6 @@ const (
 	benchVarOneReadWords   = "one_read_words"
 	benchVarSourceMask     = "source_mask"
 	benchVarStructure      = "structure"
-	benchVarV4BlockMul     = "v4_block_mul"
-	benchVarV4Buckets      = "v4_buckets"
-	benchVarV4WideBuckets  = "v4_wide_buckets"
-	benchVarV4WideMul      = "v4_wide_mul"
-	benchVarV6BlockMul     = "v6_block_mul"
-	benchVarV6Buckets      = "v6_buckets"
-	benchVarV6HotLen       = "v6_hot_len"
-	benchVarV6LongBuckets  = "v6_long_buckets"
-	benchVarV6LongMul      = "v6_long_mul"
-	benchVarV6ShortBuckets = "v6_short_buckets"
-	benchVarV6ShortMul     = "v6_short_mul"
 )
 
 // loadBench returns the embedded CollectionSpec for bench.
@@ -114,6 +104,7 @@ type benchProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchMapSpecs struct {
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	Configs        *ebpf.MapSpec `ebpf:"configs"`
 	Hits           *ebpf.MapSpec `ebpf:"hits"`
 	KernelLpmV4    *ebpf.MapSpec `ebpf:"kernel_lpm_v4"`
 	KernelLpmV6    *ebpf.MapSpec `ebpf:"kernel_lpm_v6"`
@@ -135,22 +126,11 @@ type benchMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type benchVariableSpecs struct {
-	Family         *ebpf.VariableSpec `ebpf:"family"`
-	NextSource     *ebpf.VariableSpec `ebpf:"next_source"`
-	OneReadWords   *ebpf.VariableSpec `ebpf:"one_read_words"`
-	SourceMask     *ebpf.VariableSpec `ebpf:"source_mask"`
-	Structure      *ebpf.VariableSpec `ebpf:"structure"`
-	V4BlockMul     *ebpf.VariableSpec `ebpf:"v4_block_mul"`
-	V4Buckets      *ebpf.VariableSpec `ebpf:"v4_buckets"`
-	V4WideBuckets  *ebpf.VariableSpec `ebpf:"v4_wide_buckets"`
-	V4WideMul      *ebpf.VariableSpec `ebpf:"v4_wide_mul"`
-	V6BlockMul     *ebpf.VariableSpec `ebpf:"v6_block_mul"`
-	V6Buckets      *ebpf.VariableSpec `ebpf:"v6_buckets"`
-	V6HotLen       *ebpf.VariableSpec `ebpf:"v6_hot_len"`
-	V6LongBuckets  *ebpf.VariableSpec `ebpf:"v6_long_buckets"`
-	V6LongMul      *ebpf.VariableSpec `ebpf:"v6_long_mul"`
-	V6ShortBuckets *ebpf.VariableSpec `ebpf:"v6_short_buckets"`
-	V6ShortMul     *ebpf.VariableSpec `ebpf:"v6_short_mul"`
+	Family       *ebpf.VariableSpec `ebpf:"family"`
+	NextSource   *ebpf.VariableSpec `ebpf:"next_source"`
+	OneReadWords *ebpf.VariableSpec `ebpf:"one_read_words"`
+	SourceMask   *ebpf.VariableSpec `ebpf:"source_mask"`
+	Structure    *ebpf.VariableSpec `ebpf:"structure"`
 }
 
 // benchObjects contains all objects after they have been loaded into the kernel.
@@ -174,6 +154,7 @@ func (o *benchObjects) Close() error {
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchMaps struct {
 	Classes        *ebpf.Map `ebpf:"classes"`
+	Configs        *ebpf.Map `ebpf:"configs"`
 	Hits           *ebpf.Map `ebpf:"hits"`
 	KernelLpmV4    *ebpf.Map `ebpf:"kernel_lpm_v4"`
 	KernelLpmV6    *ebpf.Map `ebpf:"kernel_lpm_v6"`
@@ -194,6 +175,7 @@ type benchMaps struct {
 func (m *benchMaps) Close() error {
 	return _BenchClose(
 		m.Classes,
+		m.Configs,
 		m.Hits,
 		m.KernelLpmV4,
 		m.KernelLpmV6,
@@ -216,22 +198,11 @@ func (m *benchMaps) Close() error {
 //
 // It can be passed to loadBenchObjects or ebpf.CollectionSpec.LoadAndAssign.
 type benchVariables struct {
-	Family         *ebpf.Variable `ebpf:"family"`
-	NextSource     *ebpf.Variable `ebpf:"next_source"`
-	OneReadWords   *ebpf.Variable `ebpf:"one_read_words"`
-	SourceMask     *ebpf.Variable `ebpf:"source_mask"`
-	Structure      *ebpf.Variable `ebpf:"structure"`
-	V4BlockMul     *ebpf.Variable `ebpf:"v4_block_mul"`
-	V4Buckets      *ebpf.Variable `ebpf:"v4_buckets"`
-	V4WideBuckets  *ebpf.Variable `ebpf:"v4_wide_buckets"`
-	V4WideMul      *ebpf.Variable `ebpf:"v4_wide_mul"`
-	V6BlockMul     *ebpf.Variable `ebpf:"v6_block_mul"`
-	V6Buckets      *ebpf.Variable `ebpf:"v6_buckets"`
-	V6HotLen       *ebpf.Variable `ebpf:"v6_hot_len"`
-	V6LongBuckets  *ebpf.Variable `ebpf:"v6_long_buckets"`
-	V6LongMul      *ebpf.Variable `ebpf:"v6_long_mul"`
-	V6ShortBuckets *ebpf.Variable `ebpf:"v6_short_buckets"`
-	V6ShortMul     *ebpf.Variable `ebpf:"v6_short_mul"`
+	Family       *ebpf.Variable `ebpf:"family"`
+	NextSource   *ebpf.Variable `ebpf:"next_source"`
+	OneReadWords *ebpf.Variable `ebpf:"one_read_words"`
+	SourceMask   *ebpf.Variable `ebpf:"source_mask"`
+	Structure    *ebpf.Variable `ebpf:"structure"`
 }
 
 // benchPrograms contains all programs after they have been loaded into the kernel.

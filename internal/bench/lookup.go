@@ -256,7 +256,7 @@ func readsAndPages(t *compile.Tables, srcs []netip.Addr) (*float64, *float64) {
 // load loads bench.c for a family and a structure over rampart's tables t,
 // a kernel LPM trie of lpmEntries and a one-read array of oneReadWords,
 // sharing shared as its sources when not nil.
-func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries int, oneReadWords uint64, shared *ebpf.Map) (*benchObjects, error) {
+func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries int, oneReadWords uint64, shared *ebpf.Map) (*benchLoaded, error) {
 	spec, err := loadBench()
 	if err != nil {
 		return nil, err
@@ -277,12 +277,7 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
 		}
 	}
-	ts := datapath.TableSpecs{V4Blocks: m.V4Blocks, V4Wide: m.V4Wide, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
-		Classes: m.Classes, V4Buckets: v.V4Buckets, V4WideBuckets: v.V4WideBuckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V4WideMul: v.V4WideMul, V6BlockMul: v.V6BlockMul,
-		V6ShortBuckets: v.V6ShortBuckets, V6LongBuckets: v.V6LongBuckets, V6ShortMul: v.V6ShortMul, V6LongMul: v.V6LongMul, V6HotLen: v.V6HotLen}
-	if err := ts.Size(t); err != nil {
-		return nil, err
-	}
+	datapath.SizeLists(spec, t)
 	m.KernelLpmV4.MaxEntries, m.KernelLpmV6.MaxEntries = uint32(max(1, lpmEntries)), uint32(max(1, lpmEntries))
 	m.OneRead.MaxEntries, m.Sources.MaxEntries = uint32(oneReadWords), sourceCount
 	if err := datapath.CheckMemory(t.KernelBytes() + 4*oneReadWords); err != nil {
@@ -292,26 +287,41 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 	if shared != nil {
 		opts.MapReplacements = map[string]*ebpf.Map{"sources": shared}
 	}
-	var objs benchObjects
-	if err := spec.LoadAndAssign(&objs, opts); err != nil {
+	objs := &benchLoaded{}
+	if err := spec.LoadAndAssign(&objs.benchObjects, opts); err != nil {
 		return nil, err
 	}
-	if err := tableMaps(&objs).Fill(t); err != nil {
+	o := &objs.benchObjects
+	outers := map[string]*ebpf.Map{"configs": o.Configs, "v4_blocks": o.V4Blocks, "v4_wide": o.V4Wide, "v4_bitmaps": o.V4Bitmaps,
+		"v4_tbl8s": o.V4Tbl8s, "v6_blocks": o.V6Blocks, "v6_short": o.V6Short, "v6_long": o.V6Long, "classes": o.Classes,
+		"overlay_v4": o.OverlayV4, "overlay_v6": o.OverlayV6, "overlay_lengths": o.OverlayLengths}
+	lists, err := datapath.ListGeneration(spec, outers, t)
+	if err != nil {
 		objs.Close()
 		return nil, err
 	}
-	return &objs, nil
+	objs.lists = lists
+	return objs, nil
 }
 
-func tableMaps(o *benchObjects) datapath.TableMaps {
-	return datapath.TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
-		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayLengths: o.OverlayLengths}
+// benchLoaded is the benchmark's objects and the generation of lists
+// they read.
+type benchLoaded struct {
+	benchObjects
+	lists *datapath.ListMaps
+}
+
+func (o *benchLoaded) Close() error {
+	if o.lists != nil {
+		o.lists.Close()
+	}
+	return o.benchObjects.Close()
 }
 
 // kernelLPM loads the benchmark over the kernel's LPM trie holding
 // prefixes, with its load time and memory; nil objects when it failed (the
 // error is in the result).
-func kernelLPM(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (*benchObjects, Result) {
+func kernelLPM(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (*benchLoaded, Result) {
 	var r Result
 	start := time.Now()
 	objs, err := load(fam, benchBenchStructureBENCH_KERNEL_LPM, &compile.Tables{}, len(prefixes), 1, sources)
@@ -352,7 +362,7 @@ func fillLPM(m *ebpf.Map, fam int, prefixes []netip.Prefix) error {
 // rampart builds rampart's tables holding prefixes and loads the benchmark
 // over them, timed from the prefixes in memory to filled maps; nil objects
 // when it failed (the error is in the result).
-func rampart(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (compile.Tables, *benchObjects, Result) {
+func rampart(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (compile.Tables, *benchLoaded, Result) {
 	var r Result
 	start := time.Now()
 	var v4 []policy.Range4
@@ -376,7 +386,7 @@ func rampart(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (compile.Table
 		return tables, nil, r
 	}
 	r.LoadSeconds = ptr(time.Since(start).Seconds())
-	r.KernelBytes = tableMaps(objs).Memlock()
+	r.KernelBytes = objs.lists.Memlock()
 	r.BytesPerPrefix = ptr(float64(r.KernelBytes) / float64(max(1, len(prefixes))))
 	return tables, objs, r
 }

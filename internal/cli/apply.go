@@ -26,8 +26,10 @@ func applyCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "apply -f POLICY --iface IF [--iface IF2] [--mode auto|xdp-native|xdp-generic|tc] [--egress] [--confirm 60s]",
 		Short: "Compile a policy and attach or atomically swap it on interfaces",
-		Long: `apply validates the policy, builds a new program with fresh maps and swaps it
-in with one link update, so no packet sees a half-written policy. Counters of
+		Long: `apply validates the policy and fills it into fresh maps: a new generation of
+the running program when the policy fits its shape (no program is loaded),
+else a new program. One flip of the generation, or one link update, swaps it
+in, so no packet sees a half-written policy. Counters of
 rules whose name and match are unchanged carry over. Several interfaces are
 changed all or nothing.
 

@@ -67,14 +67,21 @@ func (a Attachment) String() string {
 	return s
 }
 
-// Swap makes the attachment run the programs of objs. When the pinned link
-// runs the wanted layer, one atomic update of it: a packet sees the old
-// policy or the new one, never a mix. Otherwise a new link (XDP native and
+// Swap makes the attachment run the programs and generation of objs. When
+// objs are a new generation of the programs the link runs, one flip of the
+// generation (Activate); when the pinned link runs the wanted layer, one
+// atomic update of it: either way a packet sees the old policy or the new
+// one, never a mix. Otherwise a new link (XDP native and
 // generic cannot coexist on an interface, so the old link goes first: a
 // short gap, only then). With cookie (the policy answers SYNs with cookies)
 // at XDP, the cookie check's tcx link goes beside it; without, it goes. It
 // returns the mode in force and, when auto did not get XDP, why.
 func Swap(a Attachment, current Mode, objs *Objects, want Mode, force, cookie bool) (Mode, string, error) {
+	// A generation of the program the link runs goes live here, in one
+	// flip; the link's update to the same program then changes nothing.
+	if err := objs.Activate(); err != nil {
+		return "", "", err
+	}
 	var mode Mode
 	var note string
 	err := netns.Run(a.Netns, func() error {

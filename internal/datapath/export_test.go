@@ -15,3 +15,19 @@ func SmallWriteWindow() (restore func()) {
 	writeWindow = 64 << 10
 	return func() { writeWindow = saved }
 }
+
+// BothSlots puts a's generation in slot 0 and b's in slot 1 of their
+// shape's outer maps, and returns what makes a slot live with one map
+// update: flips far faster than Activate's, with no grace period, to race
+// frames against.
+func BothSlots(a, b *Objects) (flip func(slot uint32) error, err error) {
+	for i, g := range a.generation() {
+		if err := (*g.outer).Put(uint32(0), *g.inner); err != nil {
+			return nil, err
+		}
+		if err := (*g.outer).Put(uint32(1), *b.generation()[i].inner); err != nil {
+			return nil, err
+		}
+	}
+	return func(slot uint32) error { return a.shape.Live.Put(uint32(0), slot) }, nil
+}

@@ -18,12 +18,14 @@ import (
 const (
 	filterMapClassEqs         = "class_eqs"
 	filterMapClasses          = "classes"
+	filterMapConfigs          = "configs"
 	filterMapCookieScratch    = "cookie_scratch"
 	filterMapCounters         = "counters"
 	filterMapFieldEqs         = "field_eqs"
 	filterMapLimitSources     = "limit_sources"
 	filterMapLimitState       = "limit_state"
 	filterMapLimits           = "limits"
+	filterMapLive             = "live"
 	filterMapMaskEqs          = "mask_eqs"
 	filterMapOverlayLengths   = "overlay_lengths"
 	filterMapOverlayV4        = "overlay_v4"
@@ -41,22 +43,8 @@ const (
 	filterProgRampartTc       = "rampart_tc"
 	filterProgRampartTcCookie = "rampart_tc_cookie"
 	filterProgRampartXdp      = "rampart_xdp"
-	filterVarCfg              = "cfg"
 	filterVarCookieWscale     = "cookie_wscale"
-	filterVarNeedDstLookup    = "need_dst_lookup"
-	filterVarNeedSrcLookup    = "need_src_lookup"
-	filterVarNumTrees         = "num_trees"
-	filterVarV4BlockMul       = "v4_block_mul"
-	filterVarV4Buckets        = "v4_buckets"
-	filterVarV4WideBuckets    = "v4_wide_buckets"
-	filterVarV4WideMul        = "v4_wide_mul"
-	filterVarV6BlockMul       = "v6_block_mul"
-	filterVarV6Buckets        = "v6_buckets"
-	filterVarV6HotLen         = "v6_hot_len"
-	filterVarV6LongBuckets    = "v6_long_buckets"
-	filterVarV6LongMul        = "v6_long_mul"
-	filterVarV6ShortBuckets   = "v6_short_buckets"
-	filterVarV6ShortMul       = "v6_short_mul"
+	filterVarFloodKey         = "flood_key"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -112,12 +100,14 @@ type filterProgramSpecs struct {
 type filterMapSpecs struct {
 	ClassEqs       *ebpf.MapSpec `ebpf:"class_eqs"`
 	Classes        *ebpf.MapSpec `ebpf:"classes"`
+	Configs        *ebpf.MapSpec `ebpf:"configs"`
 	CookieScratch  *ebpf.MapSpec `ebpf:"cookie_scratch"`
 	Counters       *ebpf.MapSpec `ebpf:"counters"`
 	FieldEqs       *ebpf.MapSpec `ebpf:"field_eqs"`
 	LimitSources   *ebpf.MapSpec `ebpf:"limit_sources"`
 	LimitState     *ebpf.MapSpec `ebpf:"limit_state"`
 	Limits         *ebpf.MapSpec `ebpf:"limits"`
+	Live           *ebpf.MapSpec `ebpf:"live"`
 	MaskEqs        *ebpf.MapSpec `ebpf:"mask_eqs"`
 	OverlayLengths *ebpf.MapSpec `ebpf:"overlay_lengths"`
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
@@ -138,22 +128,8 @@ type filterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterVariableSpecs struct {
-	Cfg            *ebpf.VariableSpec `ebpf:"cfg"`
-	CookieWscale   *ebpf.VariableSpec `ebpf:"cookie_wscale"`
-	NeedDstLookup  *ebpf.VariableSpec `ebpf:"need_dst_lookup"`
-	NeedSrcLookup  *ebpf.VariableSpec `ebpf:"need_src_lookup"`
-	NumTrees       *ebpf.VariableSpec `ebpf:"num_trees"`
-	V4BlockMul     *ebpf.VariableSpec `ebpf:"v4_block_mul"`
-	V4Buckets      *ebpf.VariableSpec `ebpf:"v4_buckets"`
-	V4WideBuckets  *ebpf.VariableSpec `ebpf:"v4_wide_buckets"`
-	V4WideMul      *ebpf.VariableSpec `ebpf:"v4_wide_mul"`
-	V6BlockMul     *ebpf.VariableSpec `ebpf:"v6_block_mul"`
-	V6Buckets      *ebpf.VariableSpec `ebpf:"v6_buckets"`
-	V6HotLen       *ebpf.VariableSpec `ebpf:"v6_hot_len"`
-	V6LongBuckets  *ebpf.VariableSpec `ebpf:"v6_long_buckets"`
-	V6LongMul      *ebpf.VariableSpec `ebpf:"v6_long_mul"`
-	V6ShortBuckets *ebpf.VariableSpec `ebpf:"v6_short_buckets"`
-	V6ShortMul     *ebpf.VariableSpec `ebpf:"v6_short_mul"`
+	CookieWscale *ebpf.VariableSpec `ebpf:"cookie_wscale"`
+	FloodKey     *ebpf.VariableSpec `ebpf:"flood_key"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -178,12 +154,14 @@ func (o *filterObjects) Close() error {
 type filterMaps struct {
 	ClassEqs       *ebpf.Map `ebpf:"class_eqs"`
 	Classes        *ebpf.Map `ebpf:"classes"`
+	Configs        *ebpf.Map `ebpf:"configs"`
 	CookieScratch  *ebpf.Map `ebpf:"cookie_scratch"`
 	Counters       *ebpf.Map `ebpf:"counters"`
 	FieldEqs       *ebpf.Map `ebpf:"field_eqs"`
 	LimitSources   *ebpf.Map `ebpf:"limit_sources"`
 	LimitState     *ebpf.Map `ebpf:"limit_state"`
 	Limits         *ebpf.Map `ebpf:"limits"`
+	Live           *ebpf.Map `ebpf:"live"`
 	MaskEqs        *ebpf.Map `ebpf:"mask_eqs"`
 	OverlayLengths *ebpf.Map `ebpf:"overlay_lengths"`
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
@@ -204,12 +182,14 @@ func (m *filterMaps) Close() error {
 	return _FilterClose(
 		m.ClassEqs,
 		m.Classes,
+		m.Configs,
 		m.CookieScratch,
 		m.Counters,
 		m.FieldEqs,
 		m.LimitSources,
 		m.LimitState,
 		m.Limits,
+		m.Live,
 		m.MaskEqs,
 		m.OverlayLengths,
 		m.OverlayV4,
@@ -231,22 +211,8 @@ func (m *filterMaps) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterVariables struct {
-	Cfg            *ebpf.Variable `ebpf:"cfg"`
-	CookieWscale   *ebpf.Variable `ebpf:"cookie_wscale"`
-	NeedDstLookup  *ebpf.Variable `ebpf:"need_dst_lookup"`
-	NeedSrcLookup  *ebpf.Variable `ebpf:"need_src_lookup"`
-	NumTrees       *ebpf.Variable `ebpf:"num_trees"`
-	V4BlockMul     *ebpf.Variable `ebpf:"v4_block_mul"`
-	V4Buckets      *ebpf.Variable `ebpf:"v4_buckets"`
-	V4WideBuckets  *ebpf.Variable `ebpf:"v4_wide_buckets"`
-	V4WideMul      *ebpf.Variable `ebpf:"v4_wide_mul"`
-	V6BlockMul     *ebpf.Variable `ebpf:"v6_block_mul"`
-	V6Buckets      *ebpf.Variable `ebpf:"v6_buckets"`
-	V6HotLen       *ebpf.Variable `ebpf:"v6_hot_len"`
-	V6LongBuckets  *ebpf.Variable `ebpf:"v6_long_buckets"`
-	V6LongMul      *ebpf.Variable `ebpf:"v6_long_mul"`
-	V6ShortBuckets *ebpf.Variable `ebpf:"v6_short_buckets"`
-	V6ShortMul     *ebpf.Variable `ebpf:"v6_short_mul"`
+	CookieWscale *ebpf.Variable `ebpf:"cookie_wscale"`
+	FloodKey     *ebpf.Variable `ebpf:"flood_key"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
@@ -35,12 +36,21 @@ func (k Kind) String() string {
 	return "xdp"
 }
 
-// Objects is one loaded policy: an XDP and a tc program over one set of
-// maps, so that `auto` can fall back from XDP to tc without loading lists
-// twice.
+// Objects is one generation of a policy: its own maps (genMaps), over the
+// programs and outer maps of its shape, which generations share. An XDP and
+// a tc program run over them, so that `auto` can fall back from XDP to tc
+// without loading lists twice.
 type Objects struct {
 	filterPrograms
-	filterMaps
+	shape filterMaps // the outer maps, live, and the programs' scratch
+	genMaps
+}
+
+// genMaps are a generation's maps (bpf/lists.h's GEN_MAP): what an apply
+// fills, then swaps in under the loaded programs.
+type genMaps struct {
+	Configs, Rules, Tree, FieldEqs, ClassEqs, MaskEqs, Counters, RuleEvents, Limits, LimitState, LimitSources      *ebpf.Map
+	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes, OverlayV4, OverlayV6, OverlayLengths *ebpf.Map
 }
 
 // Program returns the program of the given kind.
@@ -72,8 +82,68 @@ func NewFloodKey() ([2]uint64, error) {
 
 // LoadKeyed is Load under a given flood key: a re-apply keeps the last
 // one, so that the ACK to a SYN-ACK the old program sent still proves its
-// cookie to the new one.
+// cookie to the new one. The program's shape fits img with room to grow:
+// LoadOver fills later policies into it without loading a program.
 func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
+	spec, err := filterSpec(img)
+	if err != nil {
+		return nil, err
+	}
+	need := genSizes(img)
+	for name, m := range spec.Maps {
+		if n, sized := need[name]; sized {
+			m.InnerMap.MaxEntries = capacity(n)
+		}
+	}
+	if err := spec.Variables["flood_key"].Set(key); err != nil {
+		return nil, fmt.Errorf("set the flood key: %w", err)
+	}
+	o, err := loadParallel(spec, img.Syncookie)
+	if err != nil {
+		return nil, loadError(err)
+	}
+	if err := o.newGeneration(spec, img); err != nil {
+		o.Close()
+		return nil, err
+	}
+	return o, nil
+}
+
+// LoadOver fills img into a new generation of shape's programs, when it
+// fits their shape: no program is loaded or verified. The generation is
+// not live until Activate. fits is false (and nothing made) when img needs
+// a program of another shape: tables past their capacity, SYN cookies
+// added or removed.
+func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err error) {
+	if img.Syncookie != (shape.RampartTcCookie != nil) {
+		return nil, false, nil
+	}
+	spec, err := filterSpec(img)
+	if err != nil {
+		return nil, false, err
+	}
+	need := genSizes(img)
+	for _, g := range shape.generation() {
+		have := (*g.inner).MaxEntries()
+		if n, sized := need[g.name]; sized && uint32(max(1, n)) > have {
+			return nil, false, nil
+		}
+		spec.Maps[g.name].InnerMap.MaxEntries = have
+	}
+	o = &Objects{}
+	if err := shape.shareShape(o); err != nil {
+		return nil, true, err
+	}
+	if err := o.newGeneration(spec, img); err != nil {
+		o.Close()
+		return nil, true, err
+	}
+	return o, true, nil
+}
+
+// filterSpec is the embedded filter's spec, once img is known to fit the
+// kernel's limits and memory.
+func filterSpec(img *compile.Image) (*ebpf.CollectionSpec, error) {
 	if len(img.Rules) > abi.MaxRules {
 		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), abi.MaxRules)
 	}
@@ -84,53 +154,54 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read the embedded BPF object: %w", err)
 	}
-	var specs filterSpecs
-	if err := spec.Assign(&specs); err != nil {
-		return nil, err
-	}
-	cfg := abi.Config{FloodKey: key, LimitBuckets: uint32(limitBuckets(img)), DefaultAction: img.DefaultAction,
-		UnparsedAction: img.UnparsedAction, MalformedAction: img.MalformedAction, NeedL4: b2u8(img.NeedL4)}
-	copy(cfg.TreeRoots[:], img.Roots)
-	v := &specs.filterVariableSpecs
-	for _, set := range []struct {
-		spec  *ebpf.VariableSpec
-		value any
-	}{
-		{v.Cfg, cfg},
-		{v.NumTrees, uint32(len(img.Roots))},
-		{v.NeedSrcLookup, img.NeedSrc},
-		{v.NeedDstLookup, img.NeedDst},
-	} {
-		if err := set.spec.Set(set.value); err != nil {
-			return nil, fmt.Errorf("set %s: %w", set.spec.Name, err)
-		}
-	}
-	m := &specs.filterMapSpecs
-	ts := TableSpecs{V4Blocks: m.V4Blocks, V4Wide: m.V4Wide, V4Bitmaps: m.V4Bitmaps, V4Tbl8s: m.V4Tbl8s, V6Blocks: m.V6Blocks, V6Short: m.V6Short, V6Long: m.V6Long,
-		Classes: m.Classes, V4Buckets: v.V4Buckets, V4WideBuckets: v.V4WideBuckets, V6Buckets: v.V6Buckets, V4BlockMul: v.V4BlockMul, V4WideMul: v.V4WideMul, V6BlockMul: v.V6BlockMul,
-		V6ShortBuckets: v.V6ShortBuckets, V6LongBuckets: v.V6LongBuckets, V6ShortMul: v.V6ShortMul, V6LongMul: v.V6LongMul, V6HotLen: v.V6HotLen}
-	if err := ts.Size(&img.Tables); err != nil {
-		return nil, err
-	}
+	return spec, nil
+}
+
+// genSizes are the entries img needs in each of a generation's maps that
+// is sized to its policy; the others keep their size in bpf/.
+func genSizes(img *compile.Image) map[string]int {
 	rules := max(1, len(img.Limits))
-	for _, size := range []struct {
-		spec *ebpf.MapSpec
-		n    int
-	}{
-		{m.LimitSources, limitBuckets(img)}, {m.Rules, len(img.Rules)}, {m.Tree, (len(img.Tree) + 1) / 2}, {m.FieldEqs, (len(img.FieldEqs) + 1) / 2},
-		{m.ClassEqs, len(img.ClassEqs)}, {m.Limits, rules}, {m.LimitState, rules}, {m.RuleEvents, rules}, {m.Counters, abi.SlotRule0 + rules},
+	sizes := tableSizes(&img.Tables)
+	for name, n := range map[string]int{
+		filterMapRules: len(img.Rules), filterMapTree: (len(img.Tree) + 1) / 2, filterMapFieldEqs: (len(img.FieldEqs) + 1) / 2,
+		filterMapClassEqs: len(img.ClassEqs), filterMapLimits: rules, filterMapLimitState: rules, filterMapRuleEvents: rules,
+		filterMapCounters: abi.SlotRule0 + rules, filterMapLimitSources: limitBuckets(img),
 	} {
-		size.spec.MaxEntries = uint32(max(1, size.n))
+		sizes[name] = n
 	}
-	o, err := loadParallel(spec, img.Syncookie)
-	if err != nil {
-		return nil, loadError(err)
+	return sizes
+}
+
+// capacity is what a shape gives a map of n entries: a quarter more, and
+// 64 at least, so that the next changes fit it, rounded up to an eighth of
+// a power of two, so that a map wastes little.
+func capacity(n int) uint32 {
+	c := max(64, n+n/4)
+	step := 1
+	for step*16 <= c {
+		step *= 2
+	}
+	return uint32((c + step - 1) / step * step)
+}
+
+// newGeneration creates o's own maps from spec's inner maps and fills
+// them with img, then makes them its shape's live generation if that has
+// none (a program just loaded).
+func (o *Objects) newGeneration(spec *ebpf.CollectionSpec, img *compile.Image) error {
+	for _, g := range o.generation() {
+		m, err := ebpf.NewMap(spec.Maps[g.name].InnerMap)
+		if err != nil {
+			return fmt.Errorf("create %s: %w", g.name, err)
+		}
+		*g.inner = m
 	}
 	if err := o.fill(img); err != nil {
-		o.Close()
-		return nil, err
+		return err
 	}
-	return o, nil
+	if live, err := o.liveSlot(); err != nil || live >= 0 {
+		return err
+	}
+	return o.Activate()
 }
 
 // loadParallel creates the maps, then loads the programs over them each on
@@ -175,7 +246,7 @@ func loadParallel(spec *ebpf.CollectionSpec, syncookie bool) (*Objects, error) {
 		})
 	}
 	wg.Wait()
-	errs = append(errs, coll.Assign(&o.filterMaps))
+	errs = append(errs, coll.Assign(&o.shape))
 	if err := errors.Join(errs...); err != nil {
 		o.Close()
 		return nil, err
@@ -183,8 +254,16 @@ func loadParallel(spec *ebpf.CollectionSpec, syncookie bool) (*Objects, error) {
 	return o, nil
 }
 
-// fill writes an image's rules, classifier and tables into fresh maps.
+// fill writes an image's settings, rules, classifier and tables into the
+// generation's fresh maps.
 func (o *Objects) fill(img *compile.Image) error {
+	cfg := abi.Config{Lists: listParams(&img.Tables), LimitBuckets: uint32(limitBuckets(img)), DefaultAction: img.DefaultAction,
+		UnparsedAction: img.UnparsedAction, MalformedAction: img.MalformedAction, NeedL4: b2u8(img.NeedL4), NeedSrc: b2u8(img.NeedSrc),
+		NeedDst: b2u8(img.NeedDst), NumTrees: uint32(len(img.Roots))}
+	copy(cfg.TreeRoots[:], img.Roots)
+	if err := o.Configs.Put(uint32(0), cfg); err != nil {
+		return fmt.Errorf("write the settings: %w", err)
+	}
 	for _, a := range []struct {
 		m    *ebpf.Map
 		data []byte
@@ -239,6 +318,9 @@ func (o *Objects) tables() TableMaps {
 // Close releases the file descriptors; pinned objects stay in the kernel.
 func (o *Objects) Close() error {
 	var errs []error
+	if o.shape.CookieScratch != nil { // the programs' own: never pinned
+		errs = append(errs, o.shape.CookieScratch.Close())
+	}
 	for _, x := range o.objects() {
 		if c := x.get(); c != nil {
 			errs = append(errs, c.Close())
@@ -289,21 +371,184 @@ func (x object) pin(path string) error {
 	return dup.Pin(path)
 }
 
-// objects is the one list of what a generation pins, closes and opens again.
+// genMap is one of a generation's maps: its name in bpf/, the outer map
+// of the shape that holds it, and its own.
+type genMap struct {
+	name         string
+	outer, inner **ebpf.Map
+}
+
+// generation is the one list of a generation's maps.
+func (o *Objects) generation() []genMap {
+	s, g := &o.shape, &o.genMaps
+	return []genMap{
+		{filterMapConfigs, &s.Configs, &g.Configs}, {filterMapRules, &s.Rules, &g.Rules}, {filterMapTree, &s.Tree, &g.Tree},
+		{filterMapFieldEqs, &s.FieldEqs, &g.FieldEqs}, {filterMapClassEqs, &s.ClassEqs, &g.ClassEqs}, {filterMapMaskEqs, &s.MaskEqs, &g.MaskEqs},
+		{filterMapCounters, &s.Counters, &g.Counters}, {filterMapRuleEvents, &s.RuleEvents, &g.RuleEvents}, {filterMapLimits, &s.Limits, &g.Limits},
+		{filterMapLimitState, &s.LimitState, &g.LimitState}, {filterMapLimitSources, &s.LimitSources, &g.LimitSources},
+		{filterMapV4Blocks, &s.V4Blocks, &g.V4Blocks}, {filterMapV4Wide, &s.V4Wide, &g.V4Wide}, {filterMapV4Bitmaps, &s.V4Bitmaps, &g.V4Bitmaps},
+		{filterMapV4Tbl8s, &s.V4Tbl8s, &g.V4Tbl8s}, {filterMapV6Blocks, &s.V6Blocks, &g.V6Blocks}, {filterMapV6Short, &s.V6Short, &g.V6Short},
+		{filterMapV6Long, &s.V6Long, &g.V6Long}, {filterMapClasses, &s.Classes, &g.Classes}, {filterMapOverlayV4, &s.OverlayV4, &g.OverlayV4},
+		{filterMapOverlayV6, &s.OverlayV6, &g.OverlayV6}, {filterMapOverlayLengths, &s.OverlayLengths, &g.OverlayLengths},
+	}
+}
+
+// outerPin is where a generation's directory pins the outer map of a map
+// of its.
+func outerPin(name string) string { return name + "_gens" } // bpffs refuses names with a dot
+
+// objects is the one list of what a generation pins, closes and opens
+// again: the shape's programs, live and outer maps, and its own maps.
 func (o *Objects) objects() []object {
 	p := func(name string, x **ebpf.Program) object { return object{name: name, prog: x} }
-	m := func(name string, x **ebpf.Map) object { return object{name: name, m: x} }
-	return []object{
+	list := []object{
 		p(filterProgRampartXdp, &o.RampartXdp), p(filterProgRampartTc, &o.RampartTc),
 		{name: filterProgRampartTcCookie, prog: &o.RampartTcCookie, optional: true},
-		m(filterMapCounters, &o.Counters), m(filterMapRuleEvents, &o.RuleEvents), m(filterMapLimitState, &o.LimitState), m(filterMapLimitSources, &o.LimitSources),
-		m(filterMapLimits, &o.Limits), m(filterMapRules, &o.Rules), m(filterMapTree, &o.Tree), m(filterMapFieldEqs, &o.FieldEqs),
-		m(filterMapClassEqs, &o.ClassEqs), m(filterMapMaskEqs, &o.MaskEqs),
-		m(filterMapV4Blocks, &o.V4Blocks), m(filterMapV4Wide, &o.V4Wide), m(filterMapV4Bitmaps, &o.V4Bitmaps), m(filterMapV4Tbl8s, &o.V4Tbl8s),
-		m(filterMapV6Blocks, &o.V6Blocks), m(filterMapV6Short, &o.V6Short), m(filterMapV6Long, &o.V6Long),
-		m(filterMapClasses, &o.Classes), m(filterMapOverlayV4, &o.OverlayV4), m(filterMapOverlayV6, &o.OverlayV6),
-		m(filterMapOverlayLengths, &o.OverlayLengths),
+		{name: filterMapLive, m: &o.shape.Live},
 	}
+	for _, g := range o.generation() {
+		list = append(list, object{name: outerPin(g.name), m: g.outer}, object{name: g.name, m: g.inner})
+	}
+	return list
+}
+
+// shareShape gives to duplicates of o's programs and outer maps: a new
+// generation of the same shape.
+func (o *Objects) shareShape(to *Objects) error {
+	var errs []error
+	dupProg := func(to **ebpf.Program, p *ebpf.Program) {
+		if p != nil {
+			var err error
+			*to, err = p.Clone()
+			errs = append(errs, err)
+		}
+	}
+	dupMap := func(to **ebpf.Map, m *ebpf.Map) {
+		var err error
+		*to, err = m.Clone()
+		errs = append(errs, err)
+	}
+	dupProg(&to.RampartXdp, o.RampartXdp)
+	dupProg(&to.RampartTc, o.RampartTc)
+	dupProg(&to.RampartTcCookie, o.RampartTcCookie)
+	dupMap(&to.shape.Live, o.shape.Live)
+	for i, g := range o.generation() {
+		dupMap(to.generation()[i].outer, *g.outer)
+	}
+	if err := errors.Join(errs...); err != nil {
+		to.Close()
+		return err
+	}
+	return nil
+}
+
+// liveSlot is the slot of the shape's outer maps frames read, -1 when no
+// generation was ever made live there.
+func (o *Objects) liveSlot() (int, error) {
+	var live uint32
+	if err := o.shape.Live.Lookup(uint32(0), &live); err != nil {
+		return 0, fmt.Errorf("read the live generation: %w", err)
+	}
+	var id ebpf.MapID
+	if err := o.shape.Configs.Lookup(live&1, &id); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return -1, nil
+		}
+		return 0, fmt.Errorf("read the live generation: %w", err)
+	}
+	return int(live & 1), nil
+}
+
+// IsLive reports whether o's maps are those its programs read.
+func (o *Objects) IsLive() (bool, error) {
+	live, err := o.liveSlot()
+	if err != nil || live < 0 {
+		return false, err
+	}
+	var id ebpf.MapID
+	if err := o.shape.Configs.Lookup(uint32(live), &id); err != nil {
+		return false, err
+	}
+	info, err := o.Configs.Info()
+	if err != nil {
+		return false, err
+	}
+	own, _ := info.ID()
+	return id == own, nil
+}
+
+// Activate makes o's maps those its programs read, at once for every
+// frame: they go into the slot no frame reads, then live flips to it.
+// Frames already running finish on the generation they started with; once
+// they have (an RCU grace period), the other slot is emptied, so that the
+// old generation's memory goes with its pins.
+func (o *Objects) Activate() error {
+	if live, err := o.IsLive(); err != nil || live {
+		return err
+	}
+	cur, err := o.liveSlot()
+	if err != nil {
+		return err
+	}
+	next := uint32(0)
+	if cur == 0 {
+		next = 1
+	}
+	gens := o.generation()
+	var id ebpf.MapID
+	if (*gens[0].outer).Lookup(next, &id) == nil {
+		// Left by an activation that did not finish: frames that read it
+		// before it was live must be done with it.
+		if err := graceperiod(); err != nil {
+			return err
+		}
+	}
+	if err := eachOuter(gens, func(g genMap) error { return (*g.outer).Put(next, *g.inner) }); err != nil {
+		return fmt.Errorf("install the generation's maps: %w", err)
+	}
+	if err := o.shape.Live.Put(uint32(0), next); err != nil {
+		return fmt.Errorf("make the generation live: %w", err)
+	}
+	if cur < 0 {
+		return nil
+	}
+	if err := graceperiod(); err != nil {
+		return err
+	}
+	err = eachOuter(gens, func(g genMap) error {
+		if err := (*g.outer).Delete(uint32(cur)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("release the last generation's maps: %w", err)
+	}
+	return nil
+}
+
+// eachOuter runs change on every outer map at once. The kernel waits for
+// an RCU grace period after every change of an array of maps (8-16 ms
+// here), and concurrent waits share one: 22 changes in a row took 0.4 s.
+func eachOuter(gens []genMap, change func(genMap) error) error {
+	errs := make([]error, len(gens))
+	var wg sync.WaitGroup
+	for i, g := range gens {
+		wg.Go(func() { errs[i] = change(g) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// graceperiod waits until every BPF program running now has returned: the
+// kernel's membarrier(MEMBARRIER_CMD_GLOBAL) waits for an RCU grace period,
+// and XDP and tc programs run within RCU read-side sections.
+func graceperiod() error {
+	const membarrierCmdGlobal = 1 // linux/membarrier.h; golang.org/x/sys does not name it
+	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
+		return fmt.Errorf("wait for the programs running on the last generation: membarrier: %w", errno)
+	}
+	return nil
 }
 
 // Pin places the objects in dir, which must not exist yet; on failure
@@ -405,6 +650,28 @@ func SumPerCPU(m *ebpf.Map) (uint64, error) {
 		return 0, err
 	}
 	return sum[0], nil
+}
+
+// PinnedLive reports whether the generation pinned in dir is the one its
+// programs read. A generation an earlier release pinned, with programs of
+// its own, always is.
+func PinnedLive(dir string) bool {
+	if _, err := os.Stat(filepath.Join(dir, filterMapLive)); errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	o := &Objects{}
+	defer o.Close()
+	for _, p := range []struct {
+		name string
+		m    **ebpf.Map
+	}{{filterMapLive, &o.shape.Live}, {outerPin(filterMapConfigs), &o.shape.Configs}, {filterMapConfigs, &o.Configs}} {
+		var err error
+		if *p.m, err = ebpf.LoadPinnedMap(filepath.Join(dir, p.name), nil); err != nil {
+			return false
+		}
+	}
+	live, err := o.IsLive()
+	return err == nil && live
 }
 
 // PinnedPrograms returns the IDs of the programs pinned in dir (a

@@ -13,33 +13,76 @@ import (
 	"github.com/rampart-fw/rampart/internal/compile"
 )
 
-// TableSpecs are the prefix-list maps and variables of bpf/lists.h before
-// load, in any object built over it (the filter, the lookup benchmark).
-type TableSpecs struct {
-	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.MapSpec
-	V4Buckets, V4WideBuckets, V6Buckets, V6ShortBuckets, V6LongBuckets       *ebpf.VariableSpec
-	V4BlockMul, V4WideMul, V6BlockMul, V6ShortMul, V6LongMul, V6HotLen       *ebpf.VariableSpec
-}
-
-// Size sets every table to its contents, and the hashes' parameters.
-func (s *TableSpecs) Size(t *compile.Tables) error {
-	for _, m := range []struct {
-		spec *ebpf.MapSpec
-		n    int
-	}{
-		{s.V4Blocks, len(t.V4Blocks)}, {s.V4Wide, len(t.V4Wide)}, {s.V4Bitmaps, len(t.V4Bitmaps)}, {s.V4Tbl8s, len(t.V4Tbl8s)},
-		{s.V6Blocks, len(t.V6Blocks)}, {s.V6Short, len(t.V6Short)}, {s.V6Long, len(t.V6Long)}, {s.Classes, len(t.Classes)},
-	} {
-		m.spec.MaxEntries = uint32(max(1, m.n))
-	}
+// listParams are the parameters lists.h reads tables t with.
+func listParams(t *compile.Tables) abi.ListParams {
 	// An empty table's bucket count is still a page's, as lists.h
 	// computes buckets; its one element is empty and lookups past it find
 	// nothing.
 	buckets := func(n int) uint32 { return uint32(max(abi.PageBuckets, n)) }
-	return errors.Join(s.V4Buckets.Set(buckets(len(t.V4Blocks))), s.V4WideBuckets.Set(buckets(len(t.V4Wide))), s.V6Buckets.Set(buckets(len(t.V6Blocks))),
-		s.V6ShortBuckets.Set(buckets(len(t.V6Short))), s.V6LongBuckets.Set(buckets(len(t.V6Long))),
-		s.V4BlockMul.Set(t.V4BlockMul), s.V4WideMul.Set(t.V4WideMul), s.V6BlockMul.Set(t.V6BlockMul), s.V6ShortMul.Set(t.V6ShortMul), s.V6LongMul.Set(t.V6LongMul),
-		s.V6HotLen.Set(t.V6HotLen))
+	return abi.ListParams{V4Buckets: buckets(len(t.V4Blocks)), V4WideBuckets: buckets(len(t.V4Wide)), V6Buckets: buckets(len(t.V6Blocks)),
+		V6ShortBuckets: buckets(len(t.V6Short)), V6LongBuckets: buckets(len(t.V6Long)), V6HotLen: t.V6HotLen,
+		V4BlockMul: t.V4BlockMul, V4WideMul: t.V4WideMul, V6BlockMul: t.V6BlockMul, V6ShortMul: t.V6ShortMul, V6LongMul: t.V6LongMul}
+}
+
+// tableSizes are the entries tables t need in each prefix-list map.
+func tableSizes(t *compile.Tables) map[string]int {
+	return map[string]int{
+		filterMapV4Blocks: len(t.V4Blocks), filterMapV4Wide: len(t.V4Wide), filterMapV4Bitmaps: len(t.V4Bitmaps), filterMapV4Tbl8s: len(t.V4Tbl8s),
+		filterMapV6Blocks: len(t.V6Blocks), filterMapV6Short: len(t.V6Short), filterMapV6Long: len(t.V6Long), filterMapClasses: len(t.Classes),
+	}
+}
+
+// ListMaps are the maps of a generation of lists alone (ListGeneration).
+type ListMaps struct {
+	TableMaps
+	all []*ebpf.Map
+}
+
+// Close releases the maps' descriptors.
+func (l *ListMaps) Close() { closeAll(l.all) }
+
+// SizeLists sizes the prefix-list maps of an object built over
+// bpf/lists.h alone (the lookup benchmark's) for tables t, before load.
+func SizeLists(spec *ebpf.CollectionSpec, t *compile.Tables) {
+	for name, n := range tableSizes(t) {
+		spec.Maps[name].InnerMap.MaxEntries = uint32(max(1, n))
+	}
+}
+
+// ListGeneration gives such an object, loaded from spec once SizeLists
+// sized it, tables t as its generation 0: it creates the prefix-list maps
+// and the settings, fills them, and puts them into outers (the loaded
+// outer maps, by name).
+func ListGeneration(spec *ebpf.CollectionSpec, outers map[string]*ebpf.Map, t *compile.Tables) (*ListMaps, error) {
+	made := map[string]*ebpf.Map{}
+	var all []*ebpf.Map
+	for _, name := range []string{filterMapConfigs, filterMapV4Blocks, filterMapV4Wide, filterMapV4Bitmaps, filterMapV4Tbl8s, filterMapV6Blocks,
+		filterMapV6Short, filterMapV6Long, filterMapClasses, filterMapOverlayV4, filterMapOverlayV6, filterMapOverlayLengths} {
+		m, err := ebpf.NewMap(spec.Maps[name].InnerMap)
+		if err != nil {
+			closeAll(all)
+			return nil, fmt.Errorf("create %s: %w", name, err)
+		}
+		made[name], all = m, append(all, m)
+	}
+	tm := TableMaps{V4Blocks: made[filterMapV4Blocks], V4Wide: made[filterMapV4Wide], V4Bitmaps: made[filterMapV4Bitmaps], V4Tbl8s: made[filterMapV4Tbl8s],
+		V6Blocks: made[filterMapV6Blocks], V6Short: made[filterMapV6Short], V6Long: made[filterMapV6Long], Classes: made[filterMapClasses],
+		OverlayV4: made[filterMapOverlayV4], OverlayV6: made[filterMapOverlayV6], OverlayLengths: made[filterMapOverlayLengths]}
+	errs := []error{tm.Fill(t), made[filterMapConfigs].Put(uint32(0), abi.Config{Lists: listParams(t)})}
+	for name, m := range made {
+		errs = append(errs, outers[name].Put(uint32(0), m))
+	}
+	if err := errors.Join(errs...); err != nil {
+		closeAll(all)
+		return nil, err
+	}
+	return &ListMaps{TableMaps: tm, all: all}, nil
+}
+
+func closeAll(maps []*ebpf.Map) {
+	for _, m := range maps {
+		m.Close()
+	}
 }
 
 // TableMaps are the prefix-list maps of bpf/lists.h once loaded.

@@ -187,7 +187,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		// of millions): it overlaps the kernel's loading of them.
 		hash := make(chan string, 1)
 		go func() { hash <- img.Hash() }()
-		objs, err := datapath.LoadKeyed(img, key)
+		objs, err := fw.load(hooksOf(hooks, polOf, i), img, key)
 		if err != nil {
 			<-hash
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
@@ -229,6 +229,66 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		return res, fmt.Errorf("the new policy is live, but cleaning up after it failed: %w", err)
 	}
 	return res, nil
+}
+
+// hooksOf are the hooks that get policy i.
+func hooksOf(hooks []Hook, polOf map[string]int, i int) []Hook {
+	var out []Hook
+	for _, h := range hooks {
+		if polOf[h.Iface] == i {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// load makes img a new generation of the programs the hooks run, when
+// they all run the same ones, no other hook does, and img fits their
+// shape: no program is loaded or verified. Otherwise it loads new ones.
+func (fw *Firewall) load(hooks []Hook, img *compile.Image, key [2]uint64) (*datapath.Objects, error) {
+	if shape := fw.sharedShape(hooks); shape != nil {
+		defer shape.Close()
+		o, fits, err := datapath.LoadOver(shape, img)
+		if err != nil || fits {
+			return o, err
+		}
+	}
+	return datapath.LoadKeyed(img, key)
+}
+
+// sharedShape opens the live generation of hooks when every one of them,
+// and no other hook, runs its programs; nil otherwise.
+func (fw *Firewall) sharedShape(hooks []Hook) *datapath.Objects {
+	all, err := fw.hooks()
+	if err != nil || len(hooks) == 0 {
+		return nil
+	}
+	st, err := fw.state(hooks[0])
+	if err != nil || st.live == 0 {
+		return nil
+	}
+	dir := fw.genPins(hooks[0], st.live)
+	progs := datapath.PinnedPrograms(dir)
+	for _, h := range all {
+		st, err := fw.state(h)
+		if err != nil {
+			return nil
+		}
+		runs := st.link.Pinned && slices.Contains(progs, st.link.Program)
+		if runs != slices.Contains(hooks, h) {
+			return nil
+		}
+	}
+	for _, h := range hooks {
+		if !slices.Contains(all, h) {
+			return nil // a hook that runs nothing yet
+		}
+	}
+	shape, err := datapath.LoadPinned(dir)
+	if err != nil {
+		return nil
+	}
+	return shape
 }
 
 // checkSyncookie refuses a syncookie rule the hooks cannot serve.

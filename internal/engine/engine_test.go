@@ -447,3 +447,67 @@ func TestApplyPinsEveryHook(t *testing.T) {
 		t.Errorf("stats rows of %v, want both interfaces", hooks)
 	}
 }
+
+// linkProgram is the program the hook's link runs.
+func linkProgram(t testing.TB, fw *Firewall, h Hook) ebpf.ProgramID {
+	t.Helper()
+	st, err := fw.state(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.link.Program
+}
+
+// TestReapplyKeepsTheProgram: a policy that fits the running program's
+// shape is swapped in as a new generation of its maps, with no program
+// loaded, and the kernel enforces it; one that needs another shape (SYN
+// cookies) gets a program of its own.
+func TestReapplyKeepsTheProgram(t *testing.T) {
+	p, fw := firewallOnPair(t)
+	dir := t.TempDir()
+	h := Hook{Iface: p.IfB}
+	a, b := parse(t, dir, "a.yaml", policyA), parse(t, dir, "b.yaml", policyB)
+	hashA := mustApply(t, fw, a, p.IfB).Applied[0].PolicyHash
+	prog := linkProgram(t, fw, h)
+	hashB := mustApply(t, fw, b, p.IfB).Applied[0].PolicyHash
+	if got := linkProgram(t, fw, h); got != prog {
+		t.Fatalf("the link runs program %d after the re-apply, want %d still", got, prog)
+	}
+	runsHash(t, fw, h, hashB)
+	if got := delivered(t, p, 9200, 20); got != 0 {
+		t.Errorf("%d datagrams to 9200 arrived: B is not enforced", got)
+	}
+	if got := delivered(t, p, 9100, 20); got != 20 {
+		t.Errorf("%d of 20 datagrams to 9100 arrived: A is still enforced", got)
+	}
+	mustApply(t, fw, a, p.IfB)
+	runsHash(t, fw, h, hashA)
+	if got := delivered(t, p, 9100, 20); got != 0 {
+		t.Errorf("%d datagrams to 9100 arrived: A is not enforced again", got)
+	}
+	mustApply(t, fw, parse(t, dir, "c.yaml", "rules:\n  - {name: c, proto: tcp, dport: 80, action: syncookie}\n"), p.IfB)
+	if got := linkProgram(t, fw, h); got == prog {
+		t.Fatal("a policy with SYN cookies runs on the program of one without")
+	}
+}
+
+// TestReapplyLeavesOtherHooks: a program two hooks run is not given a new
+// generation by an apply to one of them alone: the other keeps its policy.
+func TestReapplyLeavesOtherHooks(t *testing.T) {
+	p, fw := withSecondIface(t)
+	dir := t.TempDir()
+	a, b := parse(t, dir, "a.yaml", policyA), parse(t, dir, "b.yaml", policyB)
+	hashB := mustApply(t, fw, b, p.IfB, "second").Applied[0].PolicyHash
+	shared := linkProgram(t, fw, Hook{Iface: "second"})
+	if linkProgram(t, fw, Hook{Iface: p.IfB}) != shared {
+		t.Fatal("one apply on two interfaces loaded two programs")
+	}
+	mustApply(t, fw, a, p.IfB)
+	if got := linkProgram(t, fw, Hook{Iface: p.IfB}); got == shared {
+		t.Fatal("the apply to one interface changed the program the other runs")
+	}
+	runsHash(t, fw, Hook{Iface: "second"}, hashB)
+	if got := delivered(t, p, 9100, 20); got != 0 {
+		t.Errorf("%d datagrams to 9100 arrived: A is not enforced", got)
+	}
+}

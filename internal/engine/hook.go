@@ -259,9 +259,11 @@ func (fw *Firewall) state(h Hook) (*hookState, error) {
 	return st, nil
 }
 
-// runs reports whether generation n's pinned programs include id.
+// runs reports whether generation n's pinned programs include id, and
+// they read n's maps (generations share the programs of their shape).
 func (fw *Firewall) runs(h Hook, n int, id ebpf.ProgramID) bool {
-	return slices.Contains(datapath.PinnedPrograms(fw.genPins(h, n)), id)
+	dir := fw.genPins(h, n)
+	return slices.Contains(datapath.PinnedPrograms(dir), id) && datapath.PinnedLive(dir)
 }
 
 // newest is the generation a hook would run: the live one, else the newest

@@ -1,0 +1,171 @@
+package datapath_test
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// Two policies that judge the frame from 198.51.100.1 apart: the first
+// drops it by its rule 0, the second passes it by its rule 2. Every other
+// slot either one counts it in means a frame met parts of both: the second
+// policy's rules over the first's lists drop it by rule 1, the first's
+// rules over the second's lists pass it by default.
+const (
+	genA = "lists:\n  a: {prefixes: [198.51.100.1]}\nrules:\n  - {name: a-drop, src: a, action: drop}\n"
+	genB = "lists:\n  b: {prefixes: [203.0.113.9]}\nrules:\n" +
+		"  - {name: b-other, proto: udp, dport: 1, action: pass}\n" +
+		"  - {name: b-drop, src: b, action: drop}\n" +
+		"  - {name: b-pass, proto: udp, action: pass}\n"
+)
+
+func image(t *testing.T, yaml string) *compile.Image {
+	t.Helper()
+	pol, err := policy.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return compile.Build(pol)
+}
+
+// twoGenerations loads the first policy and makes the second a generation
+// of its program; frame comes from the address they judge apart.
+func twoGenerations(t *testing.T) (a *loaded, b *datapath.Objects, frame []byte) {
+	t.Helper()
+	a = load(t, datapath.KindXDP, genA)
+	b, fits, err := datapath.LoadOver(a.objs, image(t, genB))
+	if err != nil || !fits {
+		t.Fatalf("LoadOver: fits %v, %v", fits, err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return a, b, packet.Frame{Src: ip("198.51.100.1"), Dst: ip("192.0.2.1"), Proto: 17, Dport: 9}.Bytes()
+}
+
+// TestGenerationsShareAProgram: a policy that fits the loaded program's
+// shape becomes a new generation of it, with no program loaded; it judges
+// from its activation on, and the first judges again once activated back.
+// A policy that needs another shape does not fit.
+func TestGenerationsShareAProgram(t *testing.T) {
+	a, b, frame := twoGenerations(t)
+	if progID(t, b) != progID(t, a.objs) {
+		t.Fatal("the new generation has a program of its own")
+	}
+	judge := func(want uint8, what string) {
+		t.Helper()
+		ret, err := a.prog.Run(&ebpf.RunOptions{Data: frame})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := actionOf(ebpf.XDP, ret); got != want {
+			t.Fatalf("%s: action %d, want %d", what, got, want)
+		}
+	}
+	judge(abi.ActionDrop, "before the second generation is activated")
+	if err := b.Activate(); err != nil {
+		t.Fatal(err)
+	}
+	judge(abi.ActionPass, "the second generation")
+	if live, err := a.objs.IsLive(); err != nil || live {
+		t.Fatalf("the first generation is still live (%v)", err)
+	}
+	if err := a.objs.Activate(); err != nil {
+		t.Fatal(err)
+	}
+	judge(abi.ActionDrop, "the first generation, activated back")
+
+	for _, other := range []string{
+		"rules:\n  - {name: r, dport: 80, action: syncookie}\n", // the SYN cookie check
+		manyRules(100), // more rules than the shape holds
+	} {
+		if o, fits, err := datapath.LoadOver(a.objs, image(t, other)); fits || err != nil || o != nil {
+			t.Errorf("%q fits the shape of a one-rule policy (%v)", other[:30], err)
+		}
+	}
+}
+
+func manyRules(n int) string {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - {name: r%d, proto: udp, dport: %d, action: drop}\n", i, i+1)
+	}
+	return b.String()
+}
+
+// TestFlipUnderFrames: frames run while the live generation flips between
+// the two policies; each frame must be judged by one of them whole, as the
+// slot it is counted in and its action say. Activate waits for grace
+// periods (tens of ms a flip); the flips here are bare updates of live,
+// thousands a second, so that many land while a frame is being judged.
+func TestFlipUnderFrames(t *testing.T) {
+	a, b, frame := twoGenerations(t)
+	flip, err := datapath.BothSlots(a.objs, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const flips = 200000
+	var done atomic.Bool
+	flipped := make(chan error, 1)
+	go func() {
+		defer done.Store(true)
+		for i := range flips {
+			if err := flip(uint32(i & 1)); err != nil {
+				flipped <- err
+				return
+			}
+		}
+		flipped <- nil
+	}()
+	var drops, passes uint64
+	for !done.Load() {
+		ret, err := a.prog.Run(&ebpf.RunOptions{Data: frame})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if actionOf(ebpf.XDP, ret) == abi.ActionDrop {
+			drops++
+		} else {
+			passes++
+		}
+	}
+	if err := <-flipped; err != nil {
+		t.Fatal(err)
+	}
+	counts := func(o *datapath.Objects, rules int) []abi.Counter {
+		c, err := o.ReadCounters(abi.SlotRule0 + rules)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ca, cb := counts(a.objs, 3), counts(b, 3) // three rule slots of each: a mix counts past the first's one
+	var stray []string
+	for i := range ca {
+		if i != abi.SlotRule0 && ca[i].Packets != 0 {
+			stray = append(stray, fmt.Sprintf("first generation's slot %d: %d", i, ca[i].Packets))
+		}
+		if i != abi.SlotRule0+2 && cb[i].Packets != 0 {
+			stray = append(stray, fmt.Sprintf("second generation's slot %d: %d", i, cb[i].Packets))
+		}
+	}
+	if len(stray) > 0 {
+		t.Fatalf("frames judged by parts of both generations: %s", strings.Join(stray, ", "))
+	}
+	if ca[abi.SlotRule0].Packets != drops || cb[abi.SlotRule0+2].Packets != passes {
+		t.Fatalf("%d dropped, %d passed; counted: %d by the first's drop, %d by the second's pass", drops, passes, ca[abi.SlotRule0].Packets, cb[abi.SlotRule0+2].Packets)
+	}
+	if drops == 0 || passes == 0 {
+		t.Fatalf("%d dropped, %d passed: the frames did not meet both generations", drops, passes)
+	}
+	t.Logf("%d frames over %d flips: %d dropped by the first generation, %d passed by the second", drops+passes, flips, drops, passes)
+}
