@@ -173,6 +173,16 @@ struct config {
 	__u8 pad[6];
 };
 
+/* The one element of the live map (filter.c): the generation frames meet,
+ * and which build of this object the program is (a hash of the object, set
+ * at load), so that a release's new code is never left unloaded by an
+ * apply that finds its maps' shape running. */
+struct live {
+	__u32 gen;
+	__u32 pad;
+	__u64 object;
+};
+
 /* An address class's eqs as a source and as a destination. An address whose
  * lists the overlay changed takes the eqs of its new mask (mask_eqs), or
  * EQ_ANY: every rule stays a candidate and the leaf decides. */

@@ -19,14 +19,14 @@ struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, struct live);
 } live SEC(".maps");
 
 static __always_inline __u32 live_gen(void)
 {
 	__u32 zero = 0;
-	__u32 *g = bpf_map_lookup_elem(&live, &zero);
-	return g ? *g & 1 : 0;
+	struct live *l = bpf_map_lookup_elem(&live, &zero);
+	return l ? l->gen & 1 : 0;
 }
 
 /* The rule entries, in policy order. */

@@ -186,6 +186,14 @@ type ClassEqs struct {
 	Dst uint32
 }
 
+// Live is struct live.
+type Live struct {
+	_      structs.HostLayout
+	Gen    uint32
+	Pad    uint32
+	Object uint64
+}
+
 // ListParams is struct list_params.
 type ListParams struct {
 	_              structs.HostLayout

@@ -1,5 +1,7 @@
 package datapath
 
+import "github.com/rampart-fw/rampart/internal/abi"
+
 // HideTCX makes tc attach as on a kernel without tcx (a clsact filter) until
 // the returned function runs.
 func HideTCX() (restore func()) {
@@ -29,5 +31,16 @@ func BothSlots(a, b *Objects) (flip func(slot uint32) error, err error) {
 			return nil, err
 		}
 	}
-	return func(slot uint32) error { return a.shape.Live.Put(uint32(0), slot) }, nil
+	return func(slot uint32) error { return a.shape.Live.Put(uint32(0), abi.Live{Gen: slot, Object: objectID()}) }, nil
+}
+
+// AsAnotherBuild marks o's programs as loaded from another build of the
+// object, as an earlier release's are.
+func AsAnotherBuild(o *Objects) error {
+	var live abi.Live
+	if err := o.shape.Live.Lookup(uint32(0), &live); err != nil {
+		return err
+	}
+	live.Object++
+	return o.shape.Live.Put(uint32(0), live)
 }

@@ -53,7 +53,8 @@ func twoGenerations(t *testing.T) (a *loaded, b *datapath.Objects, frame []byte)
 // TestGenerationsShareAProgram: a policy that fits the loaded program's
 // shape becomes a new generation of it, with no program loaded; it judges
 // from its activation on, and the first judges again once activated back.
-// A policy that needs another shape does not fit.
+// A policy that needs another shape, or a program of another build, does
+// not fit.
 func TestGenerationsShareAProgram(t *testing.T) {
 	a, b, frame := twoGenerations(t)
 	if progID(t, b) != progID(t, a.objs) {
@@ -89,6 +90,12 @@ func TestGenerationsShareAProgram(t *testing.T) {
 		if o, fits, err := datapath.LoadOver(a.objs, image(t, other)); fits || err != nil || o != nil {
 			t.Errorf("%q fits the shape of a one-rule policy (%v)", other[:30], err)
 		}
+	}
+	if err := datapath.AsAnotherBuild(a.objs); err != nil {
+		t.Fatal(err)
+	}
+	if o, fits, err := datapath.LoadOver(a.objs, image(t, genB)); fits || err != nil || o != nil {
+		t.Errorf("a policy fits the program of another build (%v): its code would outlive an upgrade", err)
 	}
 }
 

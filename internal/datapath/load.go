@@ -7,6 +7,7 @@ package datapath
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -102,6 +103,10 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	if err != nil {
 		return nil, loadError(err)
 	}
+	if err := o.shape.Live.Put(uint32(0), abi.Live{Object: objectID()}); err != nil {
+		o.Close()
+		return nil, fmt.Errorf("write the live generation: %w", err)
+	}
 	if err := o.newGeneration(spec, img); err != nil {
 		o.Close()
 		return nil, err
@@ -115,6 +120,10 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // a program of another shape: tables past their capacity, SYN cookies
 // added or removed.
 func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err error) {
+	var live abi.Live
+	if shape.shape.Live.Lookup(uint32(0), &live) != nil || live.Object != objectID() {
+		return nil, false, nil // another release's program: its code goes with it
+	}
 	if img.Syncookie != (shape.RampartTcCookie != nil) {
 		return nil, false, nil
 	}
@@ -140,6 +149,13 @@ func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err er
 	}
 	return o, true, nil
 }
+
+// objectID names the embedded filter object: a hash of its bytes, kept in
+// the live map of every program loaded from it.
+var objectID = sync.OnceValue(func() uint64 {
+	sum := sha256.Sum256(_FilterBytes)
+	return binary.LittleEndian.Uint64(sum[:8])
+})
 
 // filterSpec is the embedded filter's spec, once img is known to fit the
 // kernel's limits and memory.
@@ -445,18 +461,18 @@ func (o *Objects) shareShape(to *Objects) error {
 // liveSlot is the slot of the shape's outer maps frames read, -1 when no
 // generation was ever made live there.
 func (o *Objects) liveSlot() (int, error) {
-	var live uint32
+	var live abi.Live
 	if err := o.shape.Live.Lookup(uint32(0), &live); err != nil {
 		return 0, fmt.Errorf("read the live generation: %w", err)
 	}
 	var id ebpf.MapID
-	if err := o.shape.Configs.Lookup(live&1, &id); err != nil {
+	if err := o.shape.Configs.Lookup(live.Gen&1, &id); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return -1, nil
 		}
 		return 0, fmt.Errorf("read the live generation: %w", err)
 	}
-	return int(live & 1), nil
+	return int(live.Gen & 1), nil
 }
 
 // IsLive reports whether o's maps are those its programs read.
@@ -506,7 +522,13 @@ func (o *Objects) Activate() error {
 	if err := eachOuter(gens, func(g genMap) error { return (*g.outer).Put(next, *g.inner) }); err != nil {
 		return fmt.Errorf("install the generation's maps: %w", err)
 	}
-	if err := o.shape.Live.Put(uint32(0), next); err != nil {
+	var live abi.Live
+	err = o.shape.Live.Lookup(uint32(0), &live)
+	if err == nil {
+		live.Gen = next
+		err = o.shape.Live.Put(uint32(0), live)
+	}
+	if err != nil {
 		return fmt.Errorf("make the generation live: %w", err)
 	}
 	if cur < 0 {

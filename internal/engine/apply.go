@@ -168,9 +168,15 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 			res.LiveChanges = append(res.LiveChanges, op)
 		}
 	}
-	key, err := fw.floodKey(hooks)
-	if err != nil {
-		return nil, err
+	// The flood key is read (from the live generation's record) only for
+	// a new program: a new generation keeps its program's.
+	var key [2]uint64
+	keyOf := func() ([2]uint64, error) {
+		var err error
+		if key == ([2]uint64{}) {
+			key, err = fw.floodKey(hooks)
+		}
+		return key, err
 	}
 	loaded := make([]struct {
 		objs *datapath.Objects
@@ -187,14 +193,14 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		// of millions): it overlaps the kernel's loading of them.
 		hash := make(chan string, 1)
 		go func() { hash <- img.Hash() }()
-		objs, err := fw.load(hooksOf(hooks, polOf, i), img, key)
+		objs, err := fw.load(hooksOf(hooks, polOf, i), img, keyOf)
 		if err != nil {
 			<-hash
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 		}
 		defer objs.Close()
 		loaded[i].objs, loaded[i].meta = objs, describe(pol, img, <-hash)
-		loaded[i].meta.FloodKey = key
+		loaded[i].meta.FloodKey = key // zero for a new generation: install takes the last one's
 	}
 	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
@@ -245,7 +251,7 @@ func hooksOf(hooks []Hook, polOf map[string]int, i int) []Hook {
 // load makes img a new generation of the programs the hooks run, when
 // they all run the same ones, no other hook does, and img fits their
 // shape: no program is loaded or verified. Otherwise it loads new ones.
-func (fw *Firewall) load(hooks []Hook, img *compile.Image, key [2]uint64) (*datapath.Objects, error) {
+func (fw *Firewall) load(hooks []Hook, img *compile.Image, key func() ([2]uint64, error)) (*datapath.Objects, error) {
 	if shape := fw.sharedShape(hooks); shape != nil {
 		defer shape.Close()
 		o, fits, err := datapath.LoadOver(shape, img)
@@ -253,7 +259,11 @@ func (fw *Firewall) load(hooks []Hook, img *compile.Image, key [2]uint64) (*data
 			return o, err
 		}
 	}
-	return datapath.LoadKeyed(img, key)
+	k, err := key()
+	if err != nil {
+		return nil, err
+	}
+	return datapath.LoadKeyed(img, k)
 }
 
 // sharedShape opens the live generation of hooks when every one of them,
@@ -384,6 +394,9 @@ func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, 
 	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules)
 	if old != nil {
 		g.Mode = old.Mode
+		if g.FloodKey == ([2]uint64{}) { // a new generation of old's program
+			g.FloodKey = old.FloodKey
+		}
 	}
 	if err := os.MkdirAll(fw.pinDir(h), 0o700); err != nil {
 		return Applied{}, needRoot(err)

@@ -43,6 +43,7 @@ var structs = []struct{ c, goName string }{
 	{"limit_bucket", "LimitBucket"},
 	{"rule_events", "RuleEvents"},
 	{"class_eqs", "ClassEqs"},
+	{"live", "Live"},
 	{"list_params", "ListParams"},
 	{"config", "Config"},
 }
