@@ -2,6 +2,8 @@ package datapath_test
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
 // Two policies that judge the frame from 198.51.100.1 apart: the first
@@ -175,4 +178,43 @@ func TestFlipUnderFrames(t *testing.T) {
 		t.Fatalf("%d dropped, %d passed: the frames did not meet both generations", drops, passes)
 	}
 	t.Logf("%d frames over %d flips: %d dropped by the first generation, %d passed by the second", drops+passes, flips, drops, passes)
+}
+
+// TestEarlierReleaseGeneration: a generation an earlier release pinned
+// (programs with maps of their own: no live map, no outer maps) still opens,
+// counts and goes back on (a rollback after an upgrade), and is never given
+// a new generation.
+func TestEarlierReleaseGeneration(t *testing.T) {
+	a := load(t, datapath.KindXDP, genA)
+	pin, _ := testutil.Roots(t)
+	dir := filepath.Join(pin, "gen-1")
+	if err := a.objs.Pin(dir); err != nil {
+		t.Fatal(err)
+	}
+	pins, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pins {
+		if n := p.Name(); n == "live" || n == "configs" || strings.HasSuffix(n, "_gens") {
+			os.Remove(filepath.Join(dir, n))
+		}
+	}
+	old, err := datapath.LoadPinned(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if live, err := old.IsLive(); err != nil || !live {
+		t.Errorf("an earlier release's generation is not live (%v): its programs read no other", err)
+	}
+	if err := old.Activate(); err != nil {
+		t.Error(err)
+	}
+	if _, err := old.ReadCounters(abi.SlotRule0 + 1); err != nil {
+		t.Error(err)
+	}
+	if o, fits, err := datapath.LoadOver(old, image(t, genB)); fits || err != nil || o != nil {
+		t.Errorf("a policy fits an earlier release's program (%v)", err)
+	}
 }

@@ -121,7 +121,7 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // added or removed.
 func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err error) {
 	var live abi.Live
-	if shape.shape.Live.Lookup(uint32(0), &live) != nil || live.Object != objectID() {
+	if shape.shape.Live == nil || shape.shape.Live.Lookup(uint32(0), &live) != nil || live.Object != objectID() {
 		return nil, false, nil // another release's program: its code goes with it
 	}
 	if img.Syncookie != (shape.RampartTcCookie != nil) {
@@ -351,6 +351,9 @@ type object struct {
 	prog     **ebpf.Program
 	m        **ebpf.Map
 	optional bool // loaded only for some policies
+	// Not in a generation an earlier release pinned, whose programs had
+	// maps of their own: live, the outer maps, the settings' map.
+	generational bool
 }
 
 func (x object) get() interface {
@@ -420,10 +423,11 @@ func (o *Objects) objects() []object {
 	list := []object{
 		p(filterProgRampartXdp, &o.RampartXdp), p(filterProgRampartTc, &o.RampartTc),
 		{name: filterProgRampartTcCookie, prog: &o.RampartTcCookie, optional: true},
-		{name: filterMapLive, m: &o.shape.Live},
+		{name: filterMapLive, m: &o.shape.Live, generational: true},
 	}
 	for _, g := range o.generation() {
-		list = append(list, object{name: outerPin(g.name), m: g.outer}, object{name: g.name, m: g.inner})
+		list = append(list, object{name: outerPin(g.name), m: g.outer, generational: true},
+			object{name: g.name, m: g.inner, generational: g.name == filterMapConfigs})
 	}
 	return list
 }
@@ -477,6 +481,9 @@ func (o *Objects) liveSlot() (int, error) {
 
 // IsLive reports whether o's maps are those its programs read.
 func (o *Objects) IsLive() (bool, error) {
+	if o.shape.Live == nil {
+		return true, nil // an earlier release's: its programs have maps of their own
+	}
 	live, err := o.liveSlot()
 	if err != nil || live < 0 {
 		return false, err
@@ -594,7 +601,12 @@ func (o *Objects) Pin(dir string) error {
 // LoadPinned opens the objects pinned in dir.
 func LoadPinned(dir string) (*Objects, error) {
 	o := &Objects{}
+	_, err := os.Stat(filepath.Join(dir, filterMapLive))
+	legacy := errors.Is(err, os.ErrNotExist)
 	for _, x := range o.objects() {
+		if legacy && x.generational {
+			continue
+		}
 		var err error
 		path := filepath.Join(dir, x.name)
 		if x.prog != nil {
