@@ -43,28 +43,35 @@ GEN_MAP(mask_eqs, BPF_MAP_TYPE_HASH, __u64, struct class_eqs, 1 << 16, BPF_F_NO_
 /* SLOT_RULE0 + rules slots. */
 GEN_MAP(counters, BPF_MAP_TYPE_PERCPU_ARRAY, __u32, struct counter, 1, 0);
 
-/* Word i of a generation's u32 array (tree, field_eqs), or NULL past its
- * end. */
-static __always_inline __u32 *word(void *outer, __u32 gen, __u32 i)
+/* Word i of a u32 array (a generation's tree or field_eqs), or NULL past
+ * its end. */
+static __always_inline __u32 *word(void *map, __u32 i)
 {
 	__u32 e = i >> 1;
-	__u32 *w = gen_lookup(outer, gen, &e);
+	__u32 *w = bpf_map_lookup_elem(map, &e);
 	return w ? w + (i & 1) : 0;
 }
+
+/* What classify needs of an address. */
+struct address {
+	__u64 mask; /* its lists */
+	__u32 eq;   /* its eq as a source or destination */
+};
 
 /* One frame's classification. */
 struct match_ctx {
 	struct pkt *p;
 	const struct config *c;
-	__u64 src_mask;
-	__u64 dst_mask;
-	__u32 src_eq;
-	__u32 dst_eq;
+	/* The generation's maps the walk reads at every step, looked up once. */
+	void *tree;
+	void *field_eqs;
+	void *rules;
+	struct address src; /* filled by address_lookup */
+	struct address dst;
 	__u32 node;       /* the tree walk's offset; then the leaf's */
 	__u32 first;      /* the lowest entry that matches; NO_ENTRY */
 	__u32 unknown[2]; /* the lowest that might have, had the frame carried
 			   * the fields it needs: [0] would pass, [1] not */
-	__u32 gen;
 };
 
 #define NO_ENTRY 0xffffffffu
@@ -122,9 +129,9 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 		return NO_MATCH;
 	if ((f & MATCH_IPV6) && p->family != 6)
 		return NO_MATCH;
-	if ((f & MATCH_SRC) && !(m->src_mask & r->src_lists))
+	if ((f & MATCH_SRC) && !(m->src.mask & r->src_lists))
 		return NO_MATCH;
-	if ((f & MATCH_DST) && !(m->dst_mask & r->dst_lists))
+	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists))
 		return NO_MATCH;
 	if ((f & MATCH_SRC_BITS) && !bits_match(p, p->saddr, r->src_mask, r->src_bits))
 		return NO_MATCH;
@@ -191,9 +198,9 @@ static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
 	case FIELD_FAMILY:
 		return p->family == 6;
 	case FIELD_SRC:
-		return m->src_eq;
+		return m->src.eq;
 	case FIELD_DST:
-		return m->dst_eq;
+		return m->dst.eq;
 	case FIELD_PROTO:
 		v = BASE_PROTO + (p->l4 == L4_UNKNOWN ? VALUE_UNKNOWN_PROTO : p->proto);
 		break;
@@ -224,7 +231,7 @@ static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
 	default:
 		v = BASE_LENGTH + (p->len > VALUE_LONG ? VALUE_LONG : p->len);
 	}
-	__u32 *eq = word(&field_eqs, m->gen, v);
+	__u32 *eq = word(m->field_eqs, v);
 	return eq ? *eq : 0;
 }
 
@@ -235,11 +242,11 @@ static __always_inline __u32 field_eq(__u32 field, const struct match_ctx *m)
  * ("No program to jit", seen on 6.18), so each step has an inline body. */
 static __always_inline long scan_entry(struct match_ctx *m, __u32 i)
 {
-	__u32 *e = word(&tree, m->gen, m->node + 1 + i);
+	__u32 *e = word(m->tree, m->node + 1 + i);
 	if (!e || *e >= m->first)
 		return 1; /* an earlier entry of another tree matched */
 	__u32 entry = *e;
-	struct rule *r = gen_lookup(&rules, m->gen, &entry);
+	struct rule *r = bpf_map_lookup_elem(m->rules, &entry);
 	if (!r)
 		return 1;
 	int res = rule_matches(r, m);
@@ -266,7 +273,7 @@ static __always_inline long walk_step(struct match_ctx *m)
 	__u32 kind = m->node >> TREE_KIND_SHIFT;
 	if (kind >= NUM_FIELDS)
 		return 1;
-	__u32 *child = word(&tree, m->gen, (m->node & TREE_OFFSET_MASK) + field_eq(kind, m));
+	__u32 *child = word(m->tree, (m->node & TREE_OFFSET_MASK) + field_eq(kind, m));
 	if (!child) {
 		m->node = 0; /* cannot be: the field's node, never a leaf */
 		return 1;
@@ -281,12 +288,6 @@ static long walk_rest(__u32 i, void *arg)
 {
 	return walk_step(arg);
 }
-
-/* What classify needs of an address. */
-struct address {
-	__u64 mask; /* its lists */
-	__u32 eq;   /* its eq as a source or destination */
-};
 
 /* Looks up p's source (dst 0) or destination in generation gen. A global
  * function: the
@@ -318,23 +319,19 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
  * of stack Linux 6.1 allows a chain of calls. */
 static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen)
 {
-	struct match_ctx m = {.p = p, .src_eq = EQ_ANY, .dst_eq = EQ_ANY, .gen = gen};
+	struct match_ctx m = {.p = p, .src.eq = EQ_ANY, .dst.eq = EQ_ANY};
 	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
 	*maybe = 0;
 	m.c = gen_config(gen);
-	if (!m.c)
+	m.tree = gen_map(&tree, gen);
+	m.field_eqs = gen_map(&field_eqs, gen);
+	m.rules = gen_map(&rules, gen);
+	if (!m.c || !m.tree || !m.field_eqs || !m.rules)
 		return NO_ENTRY;
-	struct address a;
-	if (m.c->need_src) {
-		address_lookup(p, 0, &a, gen);
-		m.src_mask = a.mask;
-		m.src_eq = a.eq;
-	}
-	if (m.c->need_dst) {
-		address_lookup(p, 1, &a, gen);
-		m.dst_mask = a.mask;
-		m.dst_eq = a.eq;
-	}
+	if (m.c->need_src)
+		address_lookup(p, 0, &m.src, gen);
+	if (m.c->need_dst)
+		address_lookup(p, 1, &m.dst, gen);
 	for (__u32 t = 0; t < MAX_TREES; t++) {
 		if (t >= m.c->num_trees)
 			break;
@@ -345,7 +342,7 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen)
 		if (m.node >> TREE_KIND_SHIFT != TREE_LEAF)
 			continue;
 		m.node &= TREE_OFFSET_MASK;
-		__u32 *n = word(&tree, gen, m.node);
+		__u32 *n = word(m.tree, m.node);
 		if (n && *n && !scan_entry(&m, 0))
 			bpf_loop(*n - 1, scan_rest, &m, 0);
 	}
