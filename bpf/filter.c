@@ -290,11 +290,11 @@ static long walk_rest(__u32 i, void *arg)
 }
 
 /* Looks up p's source (dst 0) or destination in generation gen. A global
- * function: the
- * verifier checks it once per program, not once per address, and its frame
- * (the IPv6 walk's, the overlay probe's) is not classify's, within the 512
- * bytes of stack Linux 6.1 allows a chain of calls (main 160, classify 120,
- * this 184, a callback 24: at the limit; measure before growing any). */
+ * function: the verifier checks it once per program, not once per address,
+ * and its frame (the IPv6 walk's, the overlay probe's) is not classify's,
+ * within the 512 bytes of stack Linux 6.1 allows a chain of calls (main,
+ * classify, this, a callback: at the limit; the verifier's "stack depth"
+ * line, under the kernel tier's 6.1, before growing any). */
 __noinline int address_lookup(const struct pkt *p, int dst, struct address *out, __u32 gen)
 {
 	if (!p || !out)

@@ -24,6 +24,11 @@ func Build(pol *policy.Policy) *Image {
 
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules))}
+	if pol.FlowSpec != nil {
+		for _, n := range pol.FlowSpec.Neighbors {
+			img.Room += n.MaxRoutes
+		}
+	}
 	for i, rule := range pol.Rules {
 		if rule.Limit != nil {
 			img.Limits[i] = limit(rule.Limit)

@@ -28,6 +28,10 @@ type Image struct {
 	Limits    []abi.Limit // by policy rule
 	PerSource bool
 	Syncookie bool
+	// Room is the rules a feed may add to the policy (its flowspec
+	// section's max_routes): a program is loaded with room for them, so
+	// that a feed filling up changes maps, not programs.
+	Room int
 	Tables
 	Classifier
 }

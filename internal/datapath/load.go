@@ -93,7 +93,7 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	need := genSizes(img)
 	for name, m := range spec.Maps {
 		if n, sized := need[name]; sized {
-			m.InnerMap.MaxEntries = capacity(n)
+			m.InnerMap.MaxEntries = capacity(n + img.Room*roomPerRule[name])
 		}
 	}
 	if err := spec.Variables["flood_key"].Set(key); err != nil {
@@ -186,6 +186,14 @@ func genSizes(img *compile.Image) map[string]int {
 		sizes[name] = n
 	}
 	return sizes
+}
+
+// roomPerRule is how many entries of a map a feed's rule may take, about:
+// FlowSpec routes of a prefix or two each, in trees of a few dozen words a
+// rule (bench rules' 10,000-rule feed).
+var roomPerRule = map[string]int{
+	filterMapRules: 1, filterMapCounters: 1, filterMapLimits: 1, filterMapLimitState: 1, filterMapRuleEvents: 1,
+	filterMapTree: 32, filterMapClassEqs: 2, filterMapClasses: 2, filterMapV4Blocks: 1, filterMapV6Blocks: 1, filterMapV6Short: 1, filterMapV6Long: 1,
 }
 
 // capacity is what a shape gives a map of n entries: a quarter more, and
