@@ -296,6 +296,44 @@ func TestConfirm(t *testing.T) {
 	}
 }
 
+// TestConfirmOnTwoInterfaces: one program on two interfaces. An apply to
+// both makes a new generation of it; when it is not confirmed, both go
+// back. The interface installed second must not read its state after the
+// first one's flip: it once saw no live generation, was attached again and,
+// at the rollback, lost its filter.
+func TestConfirmOnTwoInterfaces(t *testing.T) {
+	testutil.Privileged(t)
+	p := testutil.NewPair(t)
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "add", "second", "type", "veth", "peer", "name", "second-peer")
+	testutil.Run(t, "ip", "-n", p.NsB, "link", "set", "second", "up")
+	polA := writeFile(t, "a.yaml", "rules:\n  - {name: drop-9100, proto: udp, dport: 9100, action: drop}\n  - {name: count, proto: udp, action: pass}\n")
+	polB := writeFile(t, "b.yaml", "rules:\n  - {name: drop-udp, proto: udp, action: drop}\n")
+	ifaces := []string{"--netns", p.NsB, "--iface", "second", "--iface", p.IfB}
+	mustRampart(t, append([]string{"apply", "-f", polA}, ifaces...)...)
+	t.Cleanup(func() { rampart(t, append([]string{"detach"}, ifaces...)...) })
+	hashA := hookStatus(t, p.NsB).Hooks[0].PolicyHash
+	arrive := func(port int) int {
+		rx := testutil.UDPListener(t, p.NsB, p.B4, port)
+		defer rx.Close()
+		testutil.SendUDP(t, p.NsA, p.B4, port, 10)
+		return testutil.CountUDP(rx, 200*time.Millisecond)
+	}
+	if a, b := arrive(9100), arrive(9300); a != 0 || b != 10 {
+		t.Fatalf("under A, %d of 10 datagrams to 9100 and %d of 10 to 9300 arrived", a, b)
+	}
+	mustRampart(t, append([]string{"apply", "-f", polB, "--confirm", "1s"}, ifaces...)...)
+	if got := arrive(9300); got != 0 {
+		t.Fatalf("under B, %d datagrams to 9300 arrived", got)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		st := hookStatus(t, p.NsB).Hooks
+		return len(st) == 2 && st[0].PolicyHash == hashA && st[1].PolicyHash == hashA
+	})
+	if a, b := arrive(9100), arrive(9300); a != 0 || b != 10 {
+		t.Fatalf("rolled back to A, %d of 10 datagrams to 9100 and %d of 10 to 9300 arrived", a, b)
+	}
+}
+
 func waitFor(t *testing.T, limit time.Duration, ok func() bool) {
 	t.Helper()
 	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {

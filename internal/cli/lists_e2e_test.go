@@ -15,6 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -55,7 +56,8 @@ func writeBigList(t *testing.T, name string, seed uint64, n int, extra []netip.A
 // generation seen must answer all probes alike: a list seen half loaded
 // would pass some probes and drop others. (Policies of one shape are
 // generations of one program: a round of probes that a swap straddles, the
-// hook's live generation not the same before and after it, may see both.)
+// program's live generation not the same before and after it, may see
+// both.)
 func TestSwapHammer(t *testing.T) {
 	testutil.Privileged(t)
 	p := testutil.NewPair(t)
@@ -88,12 +90,12 @@ func TestSwapHammer(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for !stop.Load() {
-			before := liveGeneration(fw, hook)
 			prog, err := fw.Program(hook)
 			if err != nil {
 				failure = fmt.Sprintf("open the hook's program: %v", err)
 				return
 			}
+			before := generationOf(prog)
 			var verdicts []uint32
 			for _, f := range frames {
 				ret, err := prog.Run(&ebpf.RunOptions{Data: f})
@@ -104,8 +106,9 @@ func TestSwapHammer(t *testing.T) {
 				}
 				verdicts = append(verdicts, ret)
 			}
+			after := generationOf(prog)
 			prog.Close()
-			if g := liveGeneration(fw, hook); g == 0 || g != before {
+			if before == 0 || after != before {
 				straddled++
 				continue
 			}
@@ -141,19 +144,31 @@ func TestSwapHammer(t *testing.T) {
 	t.Logf("%d rounds of %d probes across 6 swaps of 1M-entry lists: %d under A, %d under B (%d more straddled a swap)", rounds, len(probes), drops, passes, straddled)
 }
 
-// liveGeneration is the generation the hook runs; 0 when that cannot be
-// read (a swap under way).
-func liveGeneration(fw *engine.Firewall, h engine.Hook) int {
-	st, err := fw.Status()
+// generationOf names the generation prog reads now, read from the kernel
+// without the engine's lock (which a swap holds): the ID of the settings
+// map in the slot its live map names; 0 when it cannot be read.
+func generationOf(prog *ebpf.Program) ebpf.MapID {
+	info, err := prog.Info()
 	if err != nil {
 		return 0
 	}
-	for _, s := range st {
-		if s.Iface == h.Iface && s.Direction == h.Direction() {
-			return s.Generation
+	ids, _ := info.MapIDs()
+	byName := map[string]*ebpf.Map{}
+	for _, id := range ids {
+		if m, err := ebpf.NewMapFromID(id); err == nil {
+			defer m.Close()
+			if mi, err := m.Info(); err == nil {
+				byName[mi.Name] = m
+			}
 		}
 	}
-	return 0
+	var live abi.Live
+	var settings ebpf.MapID
+	if byName["live"] == nil || byName["configs"] == nil || byName["live"].Lookup(uint32(0), &live) != nil ||
+		byName["configs"].Lookup(live.Gen&1, &settings) != nil {
+		return 0
+	}
+	return settings
 }
 
 // TestListInPlace changes a live list with list add/del and lets a change

@@ -94,6 +94,17 @@ func TestGenerationsShareAProgram(t *testing.T) {
 			t.Errorf("%q fits the shape of a one-rule policy (%v)", other[:30], err)
 		}
 	}
+	// A shape far bigger than a policy needs is not kept for it: tables of
+	// 60,000 /24 blocks (2 MB) for a list of one address.
+	var big strings.Builder
+	big.WriteString("lists:\n  a: {prefixes: [")
+	for i := range 60000 {
+		fmt.Fprintf(&big, "%d.%d.%d.1, ", 1+i>>16, (i>>8)&255, i&255)
+	}
+	big.WriteString("198.51.100.1]}\nrules:\n  - {name: a-drop, src: a, action: drop}\n")
+	if o, fits, err := datapath.LoadOver(load(t, datapath.KindXDP, big.String()).objs, image(t, genA)); fits || err != nil || o != nil {
+		t.Errorf("a one-address list fits tables of 60,000 blocks (%v)", err)
+	}
 	if err := datapath.AsAnotherBuild(a.objs); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,6 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
@@ -93,7 +92,7 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	need := genSizes(img)
 	for name, m := range spec.Maps {
 		if n, sized := need[name]; sized {
-			m.InnerMap.MaxEntries = capacity(n + img.Room*roomPerRule[name])
+			m.InnerMap.MaxEntries = shapeCapacity(name, n, img)
 		}
 	}
 	if err := spec.Variables["flood_key"].Set(key); err != nil {
@@ -117,8 +116,8 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // LoadOver fills img into a new generation of shape's programs, when it
 // fits their shape: no program is loaded or verified. The generation is
 // not live until Activate. fits is false (and nothing made) when img needs
-// a program of another shape: tables past their capacity, SYN cookies
-// added or removed.
+// a program of another shape (tables past their capacity or far below it,
+// SYN cookies added or removed) or the programs are another build's.
 func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err error) {
 	var live abi.Live
 	if shape.shape.Live == nil || shape.shape.Live.Lookup(uint32(0), &live) != nil || live.Object != objectID() {
@@ -134,7 +133,7 @@ func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err er
 	need := genSizes(img)
 	for _, g := range shape.generation() {
 		have := (*g.inner).MaxEntries()
-		if n, sized := need[g.name]; sized && uint32(max(1, n)) > have {
+		if n, sized := need[g.name]; sized && (uint32(max(1, n)) > have || oversized(have, shapeCapacity(g.name, n, img), (*g.inner).ValueSize())) {
 			return nil, false, nil
 		}
 		spec.Maps[g.name].InnerMap.MaxEntries = have
@@ -188,12 +187,25 @@ func genSizes(img *compile.Image) map[string]int {
 	return sizes
 }
 
+// oversized reports whether a map of have entries of size bytes is far
+// past the capacity a new shape would give it, and big enough to matter: a
+// list cut from ten million entries to ten gets tables of its size back.
+func oversized(have, want, size uint32) bool {
+	return have > 4*want && uint64(have)*uint64(size) >= 1<<20
+}
+
 // roomPerRule is how many entries of a map a feed's rule may take, about:
 // FlowSpec routes of a prefix or two each, in trees of a few dozen words a
 // rule (bench rules' 10,000-rule feed).
 var roomPerRule = map[string]int{
 	filterMapRules: 1, filterMapCounters: 1, filterMapLimits: 1, filterMapLimitState: 1, filterMapRuleEvents: 1,
 	filterMapTree: 32, filterMapClassEqs: 2, filterMapClasses: 2, filterMapV4Blocks: 1, filterMapV6Blocks: 1, filterMapV6Short: 1, filterMapV6Long: 1,
+}
+
+// shapeCapacity is what a new shape for img gives the map of that name,
+// which img fills n entries of.
+func shapeCapacity(name string, n int, img *compile.Image) uint32 {
+	return capacity(n + img.Room*roomPerRule[name])
 }
 
 // capacity is what a shape gives a map of n entries: a quarter more, and
@@ -512,7 +524,8 @@ func (o *Objects) IsLive() (bool, error) {
 // frame: they go into the slot no frame reads, then live flips to it.
 // Frames already running finish on the generation they started with; once
 // they have (an RCU grace period), the other slot is emptied, so that the
-// old generation's memory goes with its pins.
+// old generation's memory goes with its pins. On an error o is not live:
+// the generation before it is.
 func (o *Objects) Activate() error {
 	if live, err := o.IsLive(); err != nil || live {
 		return err
@@ -530,36 +543,61 @@ func (o *Objects) Activate() error {
 	if (*gens[0].outer).Lookup(next, &id) == nil {
 		// Left by an activation that did not finish: frames that read it
 		// before it was live must be done with it.
-		if err := graceperiod(); err != nil {
+		if err := o.graceperiod(next); err != nil {
 			return err
 		}
 	}
 	if err := eachOuter(gens, func(g genMap) error { return (*g.outer).Put(next, *g.inner) }); err != nil {
 		return fmt.Errorf("install the generation's maps: %w", err)
 	}
-	var live abi.Live
-	err = o.shape.Live.Lookup(uint32(0), &live)
-	if err == nil {
-		live.Gen = next
-		err = o.shape.Live.Put(uint32(0), live)
-	}
-	if err != nil {
-		return fmt.Errorf("make the generation live: %w", err)
+	if err := o.setLive(next); err != nil {
+		return err
 	}
 	if cur < 0 {
 		return nil
 	}
-	if err := graceperiod(); err != nil {
-		return err
+	if err := o.graceperiod(next); err != nil {
+		// The last generation is whole still: it stays live.
+		return errors.Join(err, o.setLive(uint32(cur)))
 	}
-	err = eachOuter(gens, func(g genMap) error {
-		if err := (*g.outer).Delete(uint32(cur)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return err
-		}
-		return nil
-	})
+	// What a failed delete leaves, the next activation replaces.
+	eachOuter(gens, func(g genMap) error { return (*g.outer).Delete(uint32(cur)) })
+	return nil
+}
+
+// setLive points frames at slot gen, keeping the program's build.
+func (o *Objects) setLive(gen uint32) error {
+	var live abi.Live
+	err := o.shape.Live.Lookup(uint32(0), &live)
+	if err == nil {
+		live.Gen = gen
+		err = o.shape.Live.Put(uint32(0), live)
+	}
 	if err != nil {
-		return fmt.Errorf("release the last generation's maps: %w", err)
+		return fmt.Errorf("make generation slot %d live: %w", gen, err)
+	}
+	return nil
+}
+
+// graceperiod waits until every BPF program running now has returned, the
+// way the kernel offers: after an update of an array of maps it waits for
+// an RCU grace period (maybe_wait_bpf_programs), within which XDP and tc
+// programs run, so that its caller knows no program still sees the old
+// element. The update puts the settings map in slot where it is: frames
+// see no change. (membarrier's global command waits likewise, but not on a
+// kernel booted with nohz_full, nor on one CPU.)
+func (o *Objects) graceperiod(slot uint32) error {
+	var id ebpf.MapID
+	err := o.shape.Configs.Lookup(slot, &id)
+	if err == nil {
+		var m *ebpf.Map
+		if m, err = ebpf.NewMapFromID(id); err == nil {
+			err = o.shape.Configs.Put(slot, m)
+			m.Close()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("wait for the programs running on the last generation: %w", err)
 	}
 	return nil
 }
@@ -575,17 +613,6 @@ func eachOuter(gens []genMap, change func(genMap) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
-}
-
-// graceperiod waits until every BPF program running now has returned: the
-// kernel's membarrier(MEMBARRIER_CMD_GLOBAL) waits for an RCU grace period,
-// and XDP and tc programs run within RCU read-side sections.
-func graceperiod() error {
-	const membarrierCmdGlobal = 1 // linux/membarrier.h; golang.org/x/sys does not name it
-	if _, _, errno := unix.Syscall(unix.SYS_MEMBARRIER, membarrierCmdGlobal, 0, 0); errno != 0 {
-		return fmt.Errorf("wait for the programs running on the last generation: membarrier: %w", errno)
-	}
-	return nil
 }
 
 // Pin places the objects in dir, which must not exist yet; on failure

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
@@ -193,23 +195,34 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		// of millions): it overlaps the kernel's loading of them.
 		hash := make(chan string, 1)
 		go func() { hash <- img.Hash() }()
-		objs, err := fw.load(hooksOf(hooks, polOf, i), img, keyOf)
+		objs, fresh, err := fw.load(hooksOf(hooks, polOf, i), img, keyOf)
 		if err != nil {
 			<-hash
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 		}
 		defer objs.Close()
 		loaded[i].objs, loaded[i].meta = objs, describe(pol, img, <-hash)
-		loaded[i].meta.FloodKey = key // zero for a new generation: install takes the last one's
+		if fresh { // else a new generation of a program: install takes its last one's key
+			loaded[i].meta.FloodKey = key
+		}
 	}
 	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
 		res.ConfirmDeadline = tx.deadline.UTC()
 	}
-	for _, h := range hooks {
+	// Every hook's state is read before the first swap: a new generation
+	// of a program several hooks run is live on all of them once the
+	// first swaps, and the others' generations no longer look live.
+	states := make([]*hookState, len(hooks))
+	for i, h := range hooks {
+		if states[i], err = fw.state(h); err != nil {
+			return nil, err
+		}
+	}
+	for i, h := range hooks {
 		l := loaded[polOf[h.Iface]]
-		a, err := tx.install(h, l.objs, l.meta, mode, req.Force)
+		a, err := tx.install(h, states[i], l.objs, l.meta, mode, req.Force)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("%s: %w", h, err), tx.rollback())
 		}
@@ -249,25 +262,28 @@ func hooksOf(hooks []Hook, polOf map[string]int, i int) []Hook {
 }
 
 // load makes img a new generation of the programs the hooks run, when
-// they all run the same ones, no other hook does, and img fits their
-// shape: no program is loaded or verified. Otherwise it loads new ones.
-func (fw *Firewall) load(hooks []Hook, img *compile.Image, key func() ([2]uint64, error)) (*datapath.Objects, error) {
+// they all run the same ones, no other hook has them, and img fits their
+// shape: no program is loaded or verified. Otherwise it loads new ones
+// (fresh).
+func (fw *Firewall) load(hooks []Hook, img *compile.Image, key func() ([2]uint64, error)) (o *datapath.Objects, fresh bool, err error) {
 	if shape := fw.sharedShape(hooks); shape != nil {
 		defer shape.Close()
 		o, fits, err := datapath.LoadOver(shape, img)
 		if err != nil || fits {
-			return o, err
+			return o, false, err
 		}
 	}
 	k, err := key()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return datapath.LoadKeyed(img, k)
+	o, err = datapath.LoadKeyed(img, k)
+	return o, true, err
 }
 
-// sharedShape opens the live generation of hooks when every one of them,
-// and no other hook, runs its programs; nil otherwise.
+// sharedShape opens the live generation of hooks when every one of them
+// runs its programs and no other hook has them, live or pinned (reattach
+// would make an older generation of theirs live again); nil otherwise.
 func (fw *Firewall) sharedShape(hooks []Hook) *datapath.Objects {
 	all, err := fw.hooks()
 	if err != nil || len(hooks) == 0 {
@@ -284,9 +300,16 @@ func (fw *Firewall) sharedShape(hooks []Hook) *datapath.Objects {
 		if err != nil {
 			return nil
 		}
-		runs := st.link.Pinned && slices.Contains(progs, st.link.Program)
-		if runs != slices.Contains(hooks, h) {
-			return nil
+		if slices.Contains(hooks, h) {
+			if !st.link.Pinned || !slices.Contains(progs, st.link.Program) {
+				return nil
+			}
+			continue
+		}
+		for _, n := range st.gens {
+			if slices.ContainsFunc(datapath.PinnedPrograms(fw.genPins(h, n)), func(id ebpf.ProgramID) bool { return slices.Contains(progs, id) }) {
+				return nil
+			}
 		}
 	}
 	for _, h := range hooks {
@@ -375,13 +398,10 @@ type step struct {
 }
 
 // install pins objs as the hook's next generation, describes it, journals
-// the intent, and swaps the hook to it.
-func (tx *transaction) install(h Hook, objs *datapath.Objects, meta generation, want datapath.Mode, force bool) (Applied, error) {
+// the intent, and swaps the hook to it; st is the hook's state before the
+// transaction.
+func (tx *transaction) install(h Hook, st *hookState, objs *datapath.Objects, meta generation, want datapath.Mode, force bool) (Applied, error) {
 	fw := tx.fw
-	st, err := fw.state(h)
-	if err != nil {
-		return Applied{}, err
-	}
 	// An unreadable record of the live generation carries nothing over: the
 	// new one is written whole, which is how status says to mend it.
 	old, _ := fw.readGen(h, st.live)
