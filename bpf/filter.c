@@ -317,12 +317,12 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
  * from the stack (drop, or maybe: limit, syncookie). Not inlined: its state
  * lives in its own frame, not beside write_synack's, within the 512 bytes
  * of stack Linux 6.1 allows a chain of calls. */
-static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen)
+static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen, const struct config *c)
 {
 	struct match_ctx m = {.p = p, .src.eq = EQ_ANY, .dst.eq = EQ_ANY};
 	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
 	*maybe = 0;
-	m.c = gen_config(gen);
+	m.c = c; /* the entry point's: looked up once a frame */
 	m.tree = gen_map(&tree, gen);
 	m.field_eqs = gen_map(&field_eqs, gen);
 	m.rules = gen_map(&rules, gen);
@@ -354,9 +354,9 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen)
  * *maybe, as classify says, the kinds of action of earlier entries that
  * might have. Inlined: a frame of its own would add to the stack of the
  * chain of calls through classify, at the 512 bytes Linux 6.1 allows. */
-static __always_inline struct rule *first_rule(struct pkt *p, __u32 *maybe, __u32 gen)
+static __always_inline struct rule *first_rule(struct pkt *p, __u32 *maybe, __u32 gen, const struct config *c)
 {
-	__u32 first = classify(p, maybe, gen);
+	__u32 first = classify(p, maybe, gen, c);
 	return first == NO_ENTRY ? 0 : gen_lookup(&rules, gen, &first);
 }
 
@@ -393,7 +393,7 @@ static __always_inline int decide(const struct config *c, __u32 gen, __u32 bytes
 	}
 
 	__u32 maybe = 0;
-	struct rule *r = first_rule(p, &maybe, gen);
+	struct rule *r = first_rule(p, &maybe, gen, c);
 
 	__u8 act = c->default_action;
 	__u32 slot = SLOT_DEFAULT;
@@ -500,11 +500,12 @@ SEC("tc")
 int rampart_tc_cookie(struct __sk_buff *skb)
 {
 	__u32 gen = live_gen();
+	const struct config *c = gen_config(gen);
 	struct pkt p = {};
-	if (parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
+	if (!c || parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
 	__u32 maybe = 0;
-	struct rule *r = first_rule(&p, &maybe, gen);
+	struct rule *r = first_rule(&p, &maybe, gen, c);
 	if (!r || r->action != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
 	return cookie_ack(skb, &p, gen, r->rule) ? TCX_NEXT : TCX_DROP;

@@ -234,7 +234,7 @@ func (o *Objects) newGeneration(spec *ebpf.CollectionSpec, img *compile.Image) e
 	if err := o.fill(img); err != nil {
 		return err
 	}
-	if live, err := o.liveSlot(); err != nil || live >= 0 {
+	if live, _, err := o.liveSlot(); err != nil || live >= 0 {
 		return err
 	}
 	return o.Activate()
@@ -482,21 +482,22 @@ func (o *Objects) shareShape(to *Objects) error {
 	return nil
 }
 
-// liveSlot is the slot of the shape's outer maps frames read, -1 when no
-// generation was ever made live there.
-func (o *Objects) liveSlot() (int, error) {
+// liveSlot is the slot of the shape's outer maps frames read (-1 when no
+// generation was ever made live there) and the ID of the settings map in
+// it.
+func (o *Objects) liveSlot() (int, ebpf.MapID, error) {
 	var live abi.Live
 	if err := o.shape.Live.Lookup(uint32(0), &live); err != nil {
-		return 0, fmt.Errorf("read the live generation: %w", err)
+		return 0, 0, fmt.Errorf("read the live generation: %w", err)
 	}
 	var id ebpf.MapID
 	if err := o.shape.Configs.Lookup(live.Gen&1, &id); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return -1, nil
+			return -1, 0, nil
 		}
-		return 0, fmt.Errorf("read the live generation: %w", err)
+		return 0, 0, fmt.Errorf("read the live generation: %w", err)
 	}
-	return int(live.Gen & 1), nil
+	return int(live.Gen & 1), id, nil
 }
 
 // IsLive reports whether o's maps are those its programs read.
@@ -504,12 +505,8 @@ func (o *Objects) IsLive() (bool, error) {
 	if o.shape.Live == nil {
 		return true, nil // an earlier release's: its programs have maps of their own
 	}
-	live, err := o.liveSlot()
-	if err != nil || live < 0 {
-		return false, err
-	}
-	var id ebpf.MapID
-	if err := o.shape.Configs.Lookup(uint32(live), &id); err != nil {
+	_, id, err := o.liveSlot()
+	if err != nil || id == 0 {
 		return false, err
 	}
 	info, err := o.Configs.Info()
@@ -530,7 +527,7 @@ func (o *Objects) Activate() error {
 	if live, err := o.IsLive(); err != nil || live {
 		return err
 	}
-	cur, err := o.liveSlot()
+	cur, _, err := o.liveSlot()
 	if err != nil {
 		return err
 	}
