@@ -9,7 +9,11 @@
  * from which internal/abi is generated (#defines would not). */
 enum limits {
 	MAX_RULES = 1 << 17, /* rules of a policy; also its match entries */
-	MAX_LISTS = 64,      /* list membership is one 64-bit mask */
+	/* Lists a policy's entries test by membership, one bit each of a
+	 * 64-bit mask; the top bit marks a class inside an inline prefix
+	 * (Go's compile package). An inline prefix alone on its side of a
+	 * rule takes no bit: its entries compare the address's bits. */
+	MAX_LISTS = 63,
 	/* VLAN tags the parser reads unrolled; more are walked in a loop. */
 	VLAN_UNROLLED = 2,
 	/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP,
@@ -51,8 +55,9 @@ enum match_field {
 	MATCH_DSCP = 1 << 11,
 	MATCH_FRAGMENT = 1 << 12,
 	MATCH_FLOW_LABEL = 1 << 13, /* IPv6's; an IPv4 frame has none and never matches */
-	/* Bits of an IPv6 address anywhere in it: a prefix with an offset
-	 * (RFC 8956 §3.1), which no list can hold. */
+	/* Bits of the address under a mask: an IPv6 prefix with an offset
+	 * (RFC 8956 §3.1), which no list can hold, or an inline prefix; the
+	 * entry's MATCH_IPV4 or MATCH_IPV6 says the family. */
 	MATCH_SRC_BITS = 1 << 14,
 	MATCH_DST_BITS = 1 << 15,
 };
@@ -295,14 +300,13 @@ struct v4_bucket {
 
 /* A /24 block holding two classes: bit i set means address .i is in hit. */
 struct v4_bitmap {
-	__u16 base;
-	__u16 hit;
-	__u32 pad;
+	__u32 base;
+	__u32 hit;
 	__u64 bits[4];
 };
 
 struct v4_tbl8 {
-	__u16 cls[256];
+	__u32 cls[256];
 };
 
 /* IPv6: per block, the lengths of the prefixes below it and the class of

@@ -112,12 +112,13 @@ static __always_inline int rule_matches_more(const struct rule *r, const struct 
 	return MATCH;
 }
 
-/* Whether an IPv6 address's bits under mask are bits (an IPv4 frame's
- * never are: the rule is IPv6's). */
-static __always_inline int bits_match(const struct pkt *p, const __u8 *addr, const __u64 *mask, const __u64 *bits)
+/* Whether an address's bits under mask are bits. The entry's family bit
+ * was checked before: an IPv4 address is the first 4 bytes, the only ones
+ * its mask covers. */
+static __always_inline int bits_match(const __u8 *addr, const __u64 *mask, const __u64 *bits)
 {
 	const __u64 *a = (const __u64 *)addr;
-	return p->family == 6 && (a[0] & mask[0]) == bits[0] && (a[1] & mask[1]) == bits[1];
+	return (a[0] & mask[0]) == bits[0] && (a[1] & mask[1]) == bits[1];
 }
 
 static __always_inline int rule_matches(const struct rule *r, struct match_ctx *m)
@@ -133,9 +134,9 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 		return NO_MATCH;
 	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists))
 		return NO_MATCH;
-	if ((f & MATCH_SRC_BITS) && !bits_match(p, p->saddr, r->src_mask, r->src_bits))
+	if ((f & MATCH_SRC_BITS) && !bits_match(p->saddr, r->src_mask, r->src_bits))
 		return NO_MATCH;
-	if ((f & MATCH_DST_BITS) && !bits_match(p, p->daddr, r->dst_mask, r->dst_bits))
+	if ((f & MATCH_DST_BITS) && !bits_match(p->daddr, r->dst_mask, r->dst_bits))
 		return NO_MATCH;
 	if ((f & MATCH_LENGTH) && (p->len < r->len_lo || p->len > r->len_hi))
 		return NO_MATCH;

@@ -74,16 +74,15 @@ type OverlayLengths struct {
 // V4Bitmap is struct v4_bitmap.
 type V4Bitmap struct {
 	_    structs.HostLayout
-	Base uint16
-	Hit  uint16
-	Pad  uint32
+	Base uint32
+	Hit  uint32
 	Bits [4]uint64
 }
 
 // V4Tbl8 is struct v4_tbl8.
 type V4Tbl8 struct {
 	_   structs.HostLayout
-	Cls [256]uint16
+	Cls [256]uint32
 }
 
 // V4Block is struct v4_block.
@@ -229,7 +228,7 @@ type Config struct {
 // enum limits
 const (
 	MaxRules     = 131072
-	MaxLists     = 64
+	MaxLists     = 63
 	VLANUnrolled = 2
 	L4Ports      = 4
 	L4Flags      = 14

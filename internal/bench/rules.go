@@ -104,7 +104,9 @@ const scaleLists = 32
 
 // scalePolicy is n rules as a feed sends them: each a source list, UDP and
 // its own destination port (and source port past 60,000 rules), dropped.
-func scalePolicy(n, fam int) string {
+// With victims, each rule's destination is a prefix of its own instead of
+// a source list, as BGP FlowSpec routes name the addresses under attack.
+func scalePolicy(n, fam int, victims bool) string {
 	var b strings.Builder
 	b.WriteString("lists:\n")
 	for k := range scaleLists {
@@ -117,23 +119,39 @@ func scalePolicy(n, fam int) string {
 	b.WriteString("rules:\n")
 	for i := range n {
 		sport, dport := scalePorts(i)
-		fmt.Fprintf(&b, "  - {name: r%d, src: l%d, proto: udp, sport: %d, dport: %d, action: drop}\n", i, i%scaleLists, sport, dport)
+		match := fmt.Sprintf("src: l%d", i%scaleLists)
+		if victims {
+			match = fmt.Sprintf("dst: %q", victim(i, fam))
+		}
+		fmt.Fprintf(&b, "  - {name: r%d, %s, proto: udp, sport: %d, dport: %d, action: drop}\n", i, match, sport, dport)
 	}
 	b.WriteString("default: pass\n")
 	return b.String()
+}
+
+// victim is the destination of a victims policy's rule i: a /32 (/128) of
+// 198.18.0.0/15 (2001:db8:ff::/48).
+func victim(i, fam int) netip.Addr {
+	if fam == 6 {
+		return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 0xff, 12: byte(i >> 24), 13: byte(i >> 16), 14: byte(i >> 8), 15: byte(i)})
+	}
+	return netip.AddrFrom4([4]byte{198, 18 + byte(i>>16), byte(i >> 8), byte(i)})
 }
 
 func scalePorts(i int) (sport, dport int) {
 	return 10000 + i/60000, 1 + i%60000
 }
 
-// scaleFrame is a UDP frame from the last rule's list: matched by the last
-// rule, or (dport past every rule's) by none.
-func scaleFrame(n, fam int, match bool) []byte {
+// scaleFrame is a UDP frame from the last rule's list (to its victim):
+// matched by the last rule, or (dport past every rule's) by none.
+func scaleFrame(n, fam int, victims, match bool) []byte {
 	k := (n - 1) % scaleLists
 	f := packet.Frame{Src: netip.AddrFrom4([4]byte{198, 18, byte(k), 7}), Dst: netip.MustParseAddr("192.0.2.2"), Proto: 17, Payload: 18}
 	if fam == 6 {
 		f.Src, f.Dst, f.Payload = netip.MustParseAddr(fmt.Sprintf("2001:db8:%x::7", k)), netip.MustParseAddr("2001:db8::2"), 0
+	}
+	if victims {
+		f.Dst = victim(n-1, fam)
 	}
 	sport, dport := scalePorts(n - 1)
 	f.Sport, f.Dport = uint16(sport), uint16(dport)
@@ -146,7 +164,8 @@ func scaleFrame(n, fam int, match bool) []byte {
 // Scale measures what rampart's XDP program costs per packet under policies
 // of each size in counts, for a frame no rule matches and one only the last
 // rule matches, through BPF_PROG_TEST_RUN in rounds interleaved across sizes.
-func Scale(counts []int, families []int, repeat, runs int, progress func(string)) ([]ScaleResult, error) {
+// With victims, each rule names a destination of its own (scalePolicy).
+func Scale(counts []int, families []int, victims bool, repeat, runs int, progress func(string)) ([]ScaleResult, error) {
 	var out []ScaleResult
 	for _, fam := range families {
 		var trials []trial
@@ -156,7 +175,7 @@ func Scale(counts []int, families []int, repeat, runs int, progress func(string)
 				progress(fmt.Sprintf("IPv%d: compiling and loading %d rules", fam, n))
 			}
 			start := time.Now()
-			pol, err := policy.Parse(fmt.Sprintf("rules-%d.yaml", n), []byte(scalePolicy(n, fam)))
+			pol, err := policy.Parse(fmt.Sprintf("rules-%d.yaml", n), []byte(scalePolicy(n, fam, victims)))
 			if err != nil {
 				return nil, err
 			}
@@ -174,7 +193,7 @@ func Scale(counts []int, families []int, repeat, runs int, progress func(string)
 					r.Frame, want = "last-rule", xdpDrop
 				}
 				results = append(results, r)
-				trials = append(trials, trial{fmt.Sprintf("%d rules, %s frame", n, r.Frame), objs.Program(datapath.KindXDP), scaleFrame(n, fam, match), want})
+				trials = append(trials, trial{fmt.Sprintf("%d rules, %s frame", n, r.Frame), objs.Program(datapath.KindXDP), scaleFrame(n, fam, victims, match), want})
 			}
 		}
 		ns, err := interleave(trials, repeat, runs, runProgress(progress, fam, runs))

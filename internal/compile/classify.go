@@ -239,9 +239,104 @@ func rangeField(entries []abi.Rule, k keys, tests func(r int) bool, rng func(r i
 	return f, eqs
 }
 
+// Prefixes is how the inline prefixes entries check by their bits (ids
+// from 1; 0: none) meet the address classes.
+type Prefixes struct {
+	Parent   []uint32 // by id: the longest other inline prefix holding it
+	OfClass  []uint32 // by class: the longest inline prefix holding its addresses
+	Src, Dst []uint32 // by entry: the inline prefix its source or destination is
+}
+
+// addressField builds the source or destination field over the address
+// classes: an entry testing lists (lists(r) != 0) matches a class holding
+// any of them, one with an inline prefix (prefix[r] != 0) a class inside
+// it. Eq 0 (EQ_ANY) keeps every entry testing the field, vague: the leaf
+// decides. A class's judgement is its lists' entries and its inline
+// prefixes' (the longest holding it and theirs up the chain), so that
+// thousands of prefixes cost their chains, not classes times entries.
+func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, prefix []uint32, px *Prefixes) (f field, eqs []uint32) {
+	table := newEqTable(abi.EqAny + 1)
+	f.cands = make([][]cand, n)
+	var listed []int
+	var byPrefix map[uint32][]int
+	for r := range n {
+		switch {
+		case lists(r) != 0:
+			listed = append(listed, r)
+		case prefix != nil && prefix[r] != 0:
+			if byPrefix == nil {
+				byPrefix = map[uint32][]int{}
+			}
+			byPrefix[prefix[r]] = append(byPrefix[prefix[r]], r)
+		default:
+			continue
+		}
+		f.cands[r] = []cand{}
+	}
+	// chain[id]: the key of the entries of prefix id and of every prefix
+	// holding it.
+	var chain []judgement
+	var done []bool
+	var chainOf func(id uint32) judgement
+	chainOf = func(id uint32) judgement {
+		if id == 0 || byPrefix == nil {
+			return judgement{}
+		}
+		if chain == nil {
+			chain, done = make([]judgement, len(px.Parent)), make([]bool, len(px.Parent))
+		}
+		if !done[id] {
+			key := chainOf(px.Parent[id])
+			for _, r := range byPrefix[id] {
+				key.add(k.of(r, stMatch))
+			}
+			chain[id], done[id] = key, true
+		}
+		return chain[id]
+	}
+	eqs = make([]uint32, len(classes))
+	seen := map[uint32]bool{}
+	for v, mask := range classes {
+		var key judgement
+		for _, r := range listed {
+			if mask&lists(r) != 0 {
+				key.add(k.of(r, stMatch))
+			}
+		}
+		var p uint32
+		if px != nil && v < len(px.OfClass) {
+			p = px.OfClass[v]
+		}
+		key.add(chainOf(p))
+		eq := table.id(key)
+		eqs[v] = eq
+		if seen[eq] {
+			continue
+		}
+		seen[eq] = true
+		for _, r := range listed {
+			if mask&lists(r) != 0 {
+				f.cands[r] = append(f.cands[r], cand{eq, stMatch})
+			}
+		}
+		for q := p; q != 0 && byPrefix != nil; q = px.Parent[q] {
+			for _, r := range byPrefix[q] {
+				f.cands[r] = append(f.cands[r], cand{eq, stMatch})
+			}
+		}
+	}
+	f.n = max(int(table.next), abi.EqAny+1)
+	for r := range f.cands {
+		if f.cands[r] != nil {
+			f.cands[r] = append(f.cands[r], cand{abi.EqAny, stVague})
+		}
+	}
+	return f, eqs
+}
+
 // Classify compiles entries, in policy order, over the address classes
-// (class id -> list mask).
-func Classify(entries []abi.Rule, classes []uint64) Classifier {
+// (class id -> list mask) and the inline prefixes (nil: none).
+func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 	var c Classifier
 	k := newKeys(len(entries))
 	tests := func(bit uint32) func(int) bool {
@@ -293,65 +388,58 @@ func Classify(entries []abi.Rule, classes []uint64) Classifier {
 	}, abi.ValueLong, []status{stNo})
 	copy(c.FieldEqs[abi.BaseLength:], eqs)
 
-	// Addresses: a class's eq as a source and as a destination, eq 0
-	// (EQ_ANY) keeping every entry that tests the field.
+	// Addresses: a class's eq as a source and as a destination.
 	c.ClassEqs = make([]abi.ClassEqs, len(classes))
+	var none []uint32
+	srcPx, dstPx := none, none
+	if px != nil {
+		srcPx, dstPx = px.Src, px.Dst
+	}
 	for _, a := range []struct {
-		f     int
-		bit   uint32
-		lists func(r int) uint64
-		set   func(e *abi.ClassEqs, eq uint32)
+		f      int
+		lists  func(r int) uint64
+		prefix []uint32
+		set    func(e *abi.ClassEqs, eq uint32)
 	}{
-		{abi.FieldSrc, abi.MatchSrc, func(r int) uint64 { return entries[r].SrcLists }, func(e *abi.ClassEqs, eq uint32) { e.Src = eq }},
-		{abi.FieldDst, abi.MatchDst, func(r int) uint64 { return entries[r].DstLists }, func(e *abi.ClassEqs, eq uint32) { e.Dst = eq }},
+		{abi.FieldSrc, func(r int) uint64 { return entries[r].SrcLists }, srcPx, func(e *abi.ClassEqs, eq uint32) { e.Src = eq }},
+		{abi.FieldDst, func(r int) uint64 { return entries[r].DstLists }, dstPx, func(e *abi.ClassEqs, eq uint32) { e.Dst = eq }},
 	} {
-		f, eqs, _ := pointField(entries, k, tests(a.bit), len(classes), abi.EqAny+1, func(r, v int) status {
-			if classes[v]&a.lists(r) != 0 {
-				return stMatch
-			}
-			return stNo
-		})
-		f.n = max(f.n, abi.EqAny+1)
-		for r := range f.cands {
-			if f.cands[r] != nil {
-				f.cands[r] = append(f.cands[r], cand{abi.EqAny, stVague})
-			}
-		}
-		fs[a.f] = f
+		var eqs []uint32
+		fs[a.f], eqs = addressField(len(entries), k, classes, a.lists, a.prefix, px)
 		for v, eq := range eqs {
 			a.set(&c.ClassEqs[v], eq)
 		}
 	}
 
-	b := treeBuilder{entries: entries, fields: &fs, memo: map[string]uint32{}}
+	b := treeBuilder{entries: entries, fields: &fs, memo: map[string]uint32{}, leafChecks: leafChecks(entries, srcPx, dstPx)}
 	for f := range fs {
 		if fs[f].unsplit {
 			b.unsplit |= 1 << f
 		}
 	}
-	for _, group := range groups(entries) {
+	for _, group := range groups(len(entries), b.tests) {
 		items := make([]item, len(group))
 		for i, r := range group {
 			items[i] = item{entry: int32(r), left: b.tests(r)}
 		}
-		c.Roots = append(c.Roots, b.node(normalize(items, entries)))
+		c.Roots = append(c.Roots, b.node(b.normalize(items)))
 	}
 	c.Tree = b.tree
 	return c
 }
 
-// groups splits the entries by the address fields they test, each group a
-// tree: entries testing the destination, those testing only the source, and
-// the rest. A group never copies the others' entries under its address eqs.
-// A policy small enough for one leaf is one group.
-func groups(entries []abi.Rule) [][]int {
+// groups splits the entries by the address fields they test (tests), each
+// group a tree: entries testing the destination, those testing only the
+// source, and the rest. A group never copies the others' entries under its
+// address eqs. A policy small enough for one leaf is one group.
+func groups(n int, tests func(r int) uint8) [][]int {
 	var out [3][]int
-	for r, e := range entries {
+	for r := range n {
 		g := 2
-		switch {
-		case e.Match&abi.MatchDst != 0 || len(entries) <= LeafMax:
+		switch t := tests(r); {
+		case t&(1<<abi.FieldDst) != 0 || n <= LeafMax:
 			g = 0
-		case e.Match&abi.MatchSrc != 0:
+		case t&(1<<abi.FieldSrc) != 0:
 			g = 1
 		}
 		out[g] = append(out[g], r)
@@ -370,16 +458,14 @@ type item struct {
 // normalize cuts a node's items after the first that matches every frame
 // reaching the node, and drops those that surely might-match after an
 // earlier one of the same kind of action: neither changes a verdict.
-func normalize(items []item, entries []abi.Rule) []item {
+func (b *treeBuilder) normalize(items []item) []item {
 	out := make([]item, 0, len(items))
 	var seen [2]bool
 	for _, it := range items {
-		// Fields no tree splits on (DSCP, flow label, fragment, ICMP,
-		// address bits) are the leaf's
-		// to check: an entry that tests one is never sure.
-		sure := it.left == 0 && !it.vague && entries[it.entry].Match&leafFields == 0
+		// An entry with a field only its leaf checks is never sure.
+		sure := it.left == 0 && !it.vague && b.leafChecks[it.entry] == 0
 		if sure && it.unk {
-			kind := entries[it.entry].Action != abi.ActionPass
+			kind := b.entries[it.entry].Action != abi.ActionPass
 			if seen[b2i(kind)] {
 				continue
 			}
@@ -393,8 +479,25 @@ func normalize(items []item, entries []abi.Rule) []item {
 	return out
 }
 
-// leafFields are the fields the trees leave to the leaf's whole match.
+// leafFields are the fields the trees leave to the leaf's whole match: DSCP,
+// flow label, fragment, ICMP, address bits.
 const leafFields = abi.MatchIcmpType | abi.MatchIcmpCode | abi.MatchDscp | abi.MatchFragment | abi.MatchFlowLabel | abi.MatchSrcBits | abi.MatchDstBits
+
+// leafChecks are, by entry, the fields only its leaf checks: leafFields,
+// but an inline prefix's bits, which the address eqs decide as well.
+func leafChecks(entries []abi.Rule, src, dst []uint32) []uint32 {
+	out := make([]uint32, len(entries))
+	for r, e := range entries {
+		out[r] = e.Match & leafFields
+		if src != nil && src[r] != 0 {
+			out[r] &^= abi.MatchSrcBits
+		}
+		if dst != nil && dst[r] != 0 {
+			out[r] &^= abi.MatchDstBits
+		}
+	}
+	return out
+}
 
 func b2i(b bool) int {
 	if b {
@@ -404,12 +507,13 @@ func b2i(b bool) int {
 }
 
 type treeBuilder struct {
-	entries []abi.Rule
-	fields  *[abi.NumFields]field
-	tree    []uint32
-	memo    map[string]uint32 // a node's items -> its ref
-	counts  []int
-	unsplit uint8 // the fields no node splits on
+	entries    []abi.Rule
+	leafChecks []uint32 // by entry
+	fields     *[abi.NumFields]field
+	tree       []uint32
+	memo       map[string]uint32 // a node's items -> its ref
+	counts     []int
+	unsplit    uint8 // the fields no node splits on
 }
 
 // tests is the fields entry r tests, as bits.
@@ -495,7 +599,7 @@ func (b *treeBuilder) build(items []item) uint32 {
 			}
 			child = append(child, it)
 		}
-		b.tree[o+uint32(eq)] = b.node(normalize(child, b.entries))
+		b.tree[o+uint32(eq)] = b.node(b.normalize(child))
 	}
 	return uint32(f)<<abi.TreeKindShift | o
 }

@@ -2,7 +2,10 @@ package compile
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -188,7 +191,7 @@ func TestClassifierBoundedOnHardPolicies(t *testing.T) {
 		name    string
 		entries []abi.Rule
 	}{{"crossed ports", crossed}, {"nested ranges", nested}} {
-		cl := Classify(c.entries, []uint64{0})
+		cl := Classify(c.entries, []uint64{0}, nil)
 		if len(cl.Tree) > treeBudget+len(c.entries)+1 {
 			t.Errorf("%s: %d words of tree, over the budget of %d and a leaf", c.name, len(cl.Tree), treeBudget)
 		}
@@ -208,4 +211,123 @@ func TestClassifierTablesDoNotDependOnKeys(t *testing.T) {
 	if !slices.Equal(a.Tree, b.Tree) || !slices.Equal(a.FieldEqs, b.FieldEqs) || !slices.Equal(a.ClassEqs, b.ClassEqs) {
 		t.Error("two compiles of one policy gave different classifier tables")
 	}
+}
+
+// TestInlinePrefixes: thousands of nested inline prefixes, each alone on
+// its side of a rule and so taking no bit of the membership mask, beside a
+// few lists. For random addresses the trees must keep the first rule whose
+// prefixes hold them in the leaves the frame reaches; the tables must give
+// each address the class of the longest inline prefix holding it.
+func TestInlinePrefixes(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	addr := func(v6 bool) netip.Addr {
+		if v6 {
+			return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(rng.IntN(4)), byte(rng.IntN(256)), 15: byte(rng.IntN(16))})
+		}
+		return netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(16))})
+	}
+	prefix := func() netip.Prefix {
+		v6 := rng.IntN(3) == 0
+		// Seldom wide, so that frames reach deep rules.
+		bits := []int{16, 20, 24, 26, 28, 30, 32, 32}[rng.IntN(8)]
+		if v6 {
+			bits = []int{46, 48, 56, 64, 120, 124, 128, 128}[rng.IntN(8)]
+		}
+		return netip.PrefixFrom(addr(v6), bits).Masked()
+	}
+	// Two lists of random prefixes, nested in and holding inline ones.
+	var b strings.Builder
+	b.WriteString("lists:\n")
+	lists := map[string]*policy.List{}
+	for _, name := range []string{"l0", "l1"} {
+		var ps []netip.Prefix
+		var quoted []string
+		for range 60 {
+			ps = append(ps, prefix())
+			quoted = append(quoted, strconv.Quote(ps[len(ps)-1].String()))
+		}
+		lists[name] = policy.NewList(name, ps)
+		fmt.Fprintf(&b, "  %s: {prefixes: [%s]}\n", name, strings.Join(quoted, ", "))
+	}
+	b.WriteString("rules:\n")
+	type side struct {
+		name string
+		p    netip.Prefix // or a list
+		list *policy.List
+	}
+	var rules [][2]*side
+	for i := range 4000 {
+		var r [2]*side
+		var f []string
+		for s, name := range []string{"src", "dst"} {
+			switch n := rng.IntN(10); {
+			case n <= 6 || s == 1 && r[0] == nil: // every rule tests an address
+				p := prefix()
+				r[s] = &side{name: name, p: p}
+				f = append(f, fmt.Sprintf("%s: %q", name, p))
+			case n <= 8:
+				l := fmt.Sprint("l", rng.IntN(2))
+				r[s] = &side{name: name, list: lists[l]}
+				f = append(f, fmt.Sprintf("%s: %s", name, l))
+			}
+		}
+		rules = append(rules, r)
+		fmt.Fprintf(&b, "  - {name: r%d, %s action: %s}\n", i, strings.Join(append(f, ""), ", "), []string{"drop", "pass"}[i%2])
+	}
+	pol, err := policy.Parse("p.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, masked := pol.Usage(); len(masked) != 2 {
+		t.Fatalf("lists taking a bit: %v, want l0 and l1", masked)
+	}
+	img := Build(pol)
+	c := &img.Classifier
+	holds := func(s *side, a netip.Addr) bool {
+		if s == nil {
+			return true
+		}
+		if s.list != nil {
+			return s.list.Contains(a)
+		}
+		return s.p.Contains(a)
+	}
+	class := func(a netip.Addr) uint32 {
+		if a.Is4() {
+			return img.class4(policy.V4ToUint(a), nil, func(string, int, int) {})
+		}
+		return img.class6(policy.U128Of(a), nil)
+	}
+	checked, deepest := 0, 0
+	for range 20_000 {
+		v6 := rng.IntN(2) == 0
+		src, dst := addr(v6), addr(v6)
+		want := slices.IndexFunc(rules, func(r [2]*side) bool { return holds(r[0], src) && holds(r[1], dst) })
+		if want < 0 {
+			continue
+		}
+		checked, deepest = checked+1, max(deepest, want)
+		cs, cd := class(src), class(dst)
+		found := false
+		for _, leaf := range walk(c, func(f uint32) uint32 {
+			switch f {
+			case abi.FieldFamily:
+				return uint32(b2i(v6))
+			case abi.FieldSrc:
+				return c.ClassEqs[cs].Src
+			case abi.FieldDst:
+				return c.ClassEqs[cd].Dst
+			}
+			return 0
+		}) {
+			found = found || slices.ContainsFunc(leaf, func(e uint32) bool { return img.Rules[e].Rule == uint32(want) })
+		}
+		if !found {
+			t.Fatalf("%s -> %s: rule %d (%v, %v) holds them, and is in no leaf the frame reaches", src, dst, want, rules[want][0], rules[want][1])
+		}
+	}
+	if checked < 2000 || deepest < 1000 {
+		t.Fatalf("%d of 20,000 frames matched a rule, the deepest rule %d: the test does not reach the prefixes", checked, deepest)
+	}
+	t.Logf("%d classes; %d of 20,000 frames found their first rule, the deepest %d", len(img.Classes), checked, deepest)
 }

@@ -4,26 +4,21 @@ package compile
 
 import (
 	"encoding/binary"
+	"net/netip"
+	"slices"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
-// Build compiles pol. Only lists that rules refer to are loaded; each gets one
-// bit of the membership mask.
+// Build compiles pol. Only lists that rules refer to are loaded: each an
+// entry tests by membership gets one bit of the membership mask, and each
+// inline prefix an entry checks by its bits (policy.InlinePrefix) an id.
 func Build(pol *policy.Policy) *Image {
-	bits := map[string]uint64{}
-	bit := func(name string) uint64 {
-		if b, ok := bits[name]; ok {
-			return b
-		}
-		b := uint64(1) << len(bits)
-		bits[name] = b
-		return b
-	}
-
+	b := builder{pol: pol, bits: map[string]uint64{}, ids: map[netip.Prefix]uint32{}}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules))}
+	b.img = img
 	if pol.FlowSpec != nil {
 		for _, n := range pol.FlowSpec.Neighbors {
 			img.Room += n.MaxRoutes
@@ -38,34 +33,84 @@ func Build(pol *policy.Policy) *Image {
 		img.NeedL4 = img.NeedL4 || rule.NeedsL4()
 		// Each alternative's entries count, and are limited, as the rule.
 		for _, r := range rule.Alternatives() {
-			img.Rules = append(img.Rules, entries(&r, rule.Action, i, bit, img)...)
+			b.entries(&r, rule.Action, i)
 		}
 	}
 
-	img.Lists = bits
+	img.Lists = b.bits
 	var lists []*policy.List
 	var listBits []uint64
-	for name, b := range bits {
+	for name, bit := range b.bits {
 		lists = append(lists, pol.Lists[name])
-		listBits = append(listBits, b)
+		listBits = append(listBits, bit)
 	}
-	img.Tables = BuildTables(lists, listBits)
-	img.Classifier = Classify(img.Rules, img.Classes)
+	img.Tables = BuildTables(lists, listBits, b.prefixes)
+	img.Classifier = Classify(img.Rules, img.Classes, &Prefixes{Parent: prefixParents(b.prefixes), OfClass: img.classPrefix, Src: b.src, Dst: b.dst})
 	return img
 }
 
-// entries are the data plane's entries of one of rule i's alternatives.
-func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, img *Image) []abi.Rule {
-	cr := abi.Rule{Action: action(act), Rule: uint32(i)}
-	for _, n := range r.Src {
-		cr.SrcLists |= bit(n)
-		cr.Match |= abi.MatchSrc
-		img.NeedSrc = true
+// builder is Build's state: the lists' bits, the inline prefixes' ids.
+type builder struct {
+	pol      *policy.Policy
+	img      *Image
+	bits     map[string]uint64
+	ids      map[netip.Prefix]uint32 // from 1
+	prefixes []netip.Prefix          // by id - 1
+	src, dst []uint32                // by entry: its inline prefix's id, 0 for none
+}
+
+func (b *builder) bit(name string) uint64 {
+	bit, ok := b.bits[name]
+	if !ok {
+		bit = uint64(1) << len(b.bits)
+		b.bits[name] = bit
 	}
-	for _, n := range r.Dst {
-		cr.DstLists |= bit(n)
-		cr.Match |= abi.MatchDst
-		img.NeedDst = true
+	return bit
+}
+
+func (b *builder) prefixID(p netip.Prefix) uint32 {
+	id, ok := b.ids[p]
+	if !ok {
+		b.prefixes = append(b.prefixes, p)
+		id = uint32(len(b.prefixes))
+		b.ids[p] = id
+	}
+	return id
+}
+
+// entries appends the data plane's entries of one of rule i's
+// alternatives.
+func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
+	img := b.img
+	cr := abi.Rule{Action: action(act), Rule: uint32(i)}
+	var ids [2]uint32 // the inline prefixes of the source and destination
+	for s, side := range []struct {
+		refs            []string
+		bits            *policy.AddrBits
+		match, bitsFlag uint32
+		lists           *uint64
+		mask, want      *[2]uint64
+		need            *bool
+	}{{r.Src, r.SrcBits, abi.MatchSrc, abi.MatchSrcBits, &cr.SrcLists, &cr.SrcMask, &cr.SrcBits, &img.NeedSrc},
+		{r.Dst, r.DstBits, abi.MatchDst, abi.MatchDstBits, &cr.DstLists, &cr.DstMask, &cr.DstBits, &img.NeedDst}} {
+		bits := side.bits
+		if p, ok := policy.InlinePrefix(side.refs, side.bits, b.pol.Lists); ok {
+			// Checked by its bits; the address lookup still gives the
+			// trees its eq.
+			ids[s] = b.prefixID(p)
+			bits = &policy.AddrBits{Prefix: p}
+			*side.need = true
+		} else {
+			for _, n := range side.refs {
+				*side.lists |= b.bit(n)
+				cr.Match |= side.match
+				*side.need = true
+			}
+		}
+		if bits != nil {
+			cr.Match |= side.bitsFlag | familyMatch(bits.Prefix.Addr())
+			*side.mask, *side.want = addrWords(bits)
+		}
 	}
 	switch r.Family {
 	case 4:
@@ -101,28 +146,11 @@ func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, 
 		cr.Match |= abi.MatchFlowLabel
 		cr.FlowLo, cr.FlowHi = r.FlowLabel.Lo, r.FlowLabel.Hi
 	}
-	for _, side := range []struct {
-		bits       *policy.AddrBits
-		flag       uint32
-		mask, want *[2]uint64
-	}{{r.SrcBits, abi.MatchSrcBits, &cr.SrcMask, &cr.SrcBits}, {r.DstBits, abi.MatchDstBits, &cr.DstMask, &cr.DstBits}} {
-		if side.bits == nil {
-			continue
-		}
-		// As the data plane loads the address: two words in memory order.
-		cr.Match |= side.flag
-		m, a := side.bits.Mask(), side.bits.Prefix.Addr().As16()
-		for i := range 2 {
-			side.mask[i] = binary.NativeEndian.Uint64(m[8*i:])
-			side.want[i] = binary.NativeEndian.Uint64(a[8*i:]) & side.mask[i]
-		}
-	}
 	if r.HasFrag {
 		cr.Match |= abi.MatchFragment
 		cr.FragSet, cr.FragClear = r.FragOn, r.FragOff
 	}
 	// One entry per pair of port ranges, all counted as the rule.
-	var out []abi.Rule
 	for _, sp := range orAny(r.Sport) {
 		for _, dp := range orAny(r.Dport) {
 			e := cr
@@ -134,19 +162,71 @@ func entries(r *policy.Rule, act policy.Action, i int, bit func(string) uint64, 
 				e.Match |= abi.MatchDport
 				e.DportLo, e.DportHi = uint16(dp.Lo), uint16(dp.Hi)
 			}
-			out = append(out, e)
+			img.Rules = append(img.Rules, e)
+			b.src, b.dst = append(b.src, ids[0]), append(b.dst, ids[1])
 		}
 	}
-	return out
+}
+
+// prefixParents is, by id (i+1 for prefixes[i], which are distinct), the
+// id of the longest other prefix holding it, 0 for none.
+func prefixParents(prefixes []netip.Prefix) []uint32 {
+	parent := make([]uint32, len(prefixes)+1)
+	order := make([]uint32, len(prefixes))
+	for i := range order {
+		order[i] = uint32(i + 1)
+	}
+	slices.SortFunc(order, func(a, b uint32) int { return policy.ComparePrefix(prefixes[a-1], prefixes[b-1]) })
+	var stack []uint32
+	for _, id := range order {
+		for len(stack) > 0 && !prefixes[stack[len(stack)-1]-1].Contains(prefixes[id-1].Addr()) {
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 {
+			parent[id] = stack[len(stack)-1]
+		}
+		stack = append(stack, id)
+	}
+	return parent
+}
+
+// familyMatch is the match bit of addr's family: address bits are one
+// family's.
+func familyMatch(addr netip.Addr) uint32 {
+	if addr.Is4() {
+		return abi.MatchIPv4
+	}
+	return abi.MatchIPv6
+}
+
+// addrWords are the mask and the bits under it as the data plane compares
+// an address: two words of its 16 bytes in memory order, an IPv4 address
+// in the first 4.
+func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
+	m := bits.Mask()
+	var a [16]byte
+	if addr := bits.Prefix.Addr(); addr.Is4() {
+		a4 := addr.As4()
+		copy(a[:], a4[:])
+	} else {
+		a = addr.As16()
+	}
+	for i := range 2 {
+		mask[i] = binary.NativeEndian.Uint64(m[8*i:])
+		want[i] = binary.NativeEndian.Uint64(a[8*i:]) & mask[i]
+	}
+	return mask, want
 }
 
 // BuildTables builds the prefix-list tables for lists, lists[i] answering
-// to bit bits[i], with the lists' in-place ops as the overlay.
-func BuildTables(lists []*policy.List, bits []uint64) Tables {
+// to bit bits[i], with the lists' in-place ops as the overlay; and for the
+// inline prefixes (id i+1 for prefixes[i]), which take no bit: a class
+// inside one has ClassInPrefix set.
+func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) Tables {
 	var t Tables
 	c := newClasses(&t)
-	buildV4(&t, c, lists, bits)
-	buildV6(&t, c, lists, bits)
+	buildV4(&t, c, lists, bits, prefixes)
+	buildV6(&t, c, lists, bits, prefixes)
 	var ops []policy.ListOp
 	byName := map[string]uint64{}
 	for i, l := range lists {

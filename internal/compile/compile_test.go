@@ -85,7 +85,7 @@ func TestTablesAgainstLists(t *testing.T) {
 			lists = append(lists, policy.NewList("l"+string(rune('a'+i)), ps))
 			bits = append(bits, 1<<i)
 		}
-		tb := BuildTables(lists, bits)
+		tb := BuildTables(lists, bits, nil)
 		bitmaps += len(tb.V4Bitmaps)
 		tbl8s += len(tb.V4Tbl8s)
 		for k := 0; k < 20000; k++ {
@@ -219,7 +219,7 @@ func TestAggregation(t *testing.T) {
 		ps = append(ps, netip.PrefixFrom(netip.AddrFrom16(b), 44))
 	}
 	ps = append(ps, netip.MustParsePrefix("2001:db9::/48"), netip.MustParsePrefix("2001:db9:1::/48")) // siblings: one /47
-	tb := BuildTables([]*policy.List{policy.NewList("country", ps)}, []uint64{1})
+	tb := BuildTables([]*policy.List{policy.NewList("country", ps)}, []uint64{1}, nil)
 	if n := tb.V6Prefixes(); n != 2 {
 		t.Errorf("%d IPv6 prefixes in the tables, want 2 (2001:db8::/32 and 2001:db9::/47)", n)
 	}
@@ -303,7 +303,7 @@ func TestHotLength(t *testing.T) {
 		for range 2_000 {
 			more = append(more, netip.PrefixFrom(policy.U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}.Addr(), int(want)).Masked())
 		}
-		tb := BuildTables([]*policy.List{policy.NewList("l", more)}, []uint64{1})
+		tb := BuildTables([]*policy.List{policy.NewList("l", more)}, []uint64{1}, nil)
 		if tb.V6HotLen != want {
 			t.Errorf("hot length %d, want /%d", tb.V6HotLen, want)
 		}
@@ -320,7 +320,7 @@ func TestV6WideAndNarrow(t *testing.T) {
 		policy.NewList("narrow", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("2001:db9::1/128"),
 			netip.MustParsePrefix("2001:1234::/32")}),
 	}
-	tb := BuildTables(lists, []uint64{1, 2, 4})
+	tb := BuildTables(lists, []uint64{1, 2, 4}, nil)
 	blocks := map[uint32]abi.V6Block{}
 	for _, b := range tb.V6Blocks {
 		for _, s := range b.Slot {

@@ -52,8 +52,11 @@ type Tables struct {
 	V6LongMul  [2]uint64
 	V6HotLen   uint32   // the length most IPv6 prefixes past /24 have (0: none)
 	Classes    []uint64 // class id -> list mask; class 0 is no list
-	OverlayV4  []OverlayEntry[abi.LPMKeyV4]
-	OverlayV6  []OverlayEntry[abi.LPMKeyV6]
+	// classPrefix: class id -> the longest inline prefix holding its
+	// addresses (0: none); the classifier's, not the kernel's.
+	classPrefix []uint32
+	OverlayV4   []OverlayEntry[abi.LPMKeyV4]
+	OverlayV6   []OverlayEntry[abi.LPMKeyV6]
 }
 
 // Entry is one prefix and the bitmask of the lists holding it.

@@ -1,49 +1,77 @@
 package compile
 
 import (
+	"cmp"
+	"net/netip"
+	"slices"
+
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
-// classes numbers the distinct list masks both families meet; class 0 is
+// classes numbers the distinct memberships both families meet; class 0 is
 // "in no list".
 type classes struct {
 	t  *Tables
-	of map[uint64]uint32
-	// The last mask asked for: lists alternate between a few masks.
-	lastMask  uint64
+	of map[member]uint32
+	// The last membership asked for: lists alternate between a few.
+	last      member
 	lastClass uint32
 }
 
-func newClasses(t *Tables) *classes {
-	t.Classes = []uint64{0}
-	return &classes{t: t, of: map[uint64]uint32{0: 0}}
+// member is a membership: the lists' mask, and the longest inline prefix
+// holding the addresses (its id; 0 for none).
+type member struct {
+	mask   uint64
+	prefix uint32
 }
 
-func (c *classes) class(mask uint64) uint32 {
-	if mask == c.lastMask {
+// ClassInPrefix is the top bit of a class's mask, no list's (abi.MaxLists
+// bits are theirs): the class is inside an inline prefix, which the mask
+// does not say, so that no eqs the overlay's masks are given (mask_eqs)
+// can be its own: an address of it the overlay changes is judged under
+// EQ_ANY, by the leaves.
+const ClassInPrefix = uint64(1) << abi.MaxLists
+
+func newClasses(t *Tables) *classes {
+	t.Classes, t.classPrefix = []uint64{0}, []uint32{0}
+	return &classes{t: t, of: map[member]uint32{{}: 0}}
+}
+
+func (c *classes) class(m member) uint32 {
+	if m == c.last {
 		return c.lastClass
 	}
-	id, ok := c.of[mask]
+	id, ok := c.of[m]
 	if !ok {
 		id = uint32(len(c.t.Classes))
-		c.of[mask] = id
+		c.of[m] = id
+		mask := m.mask
+		if m.prefix != 0 {
+			mask |= ClassInPrefix
+		}
 		c.t.Classes = append(c.t.Classes, mask)
+		c.t.classPrefix = append(c.t.classPrefix, m.prefix)
 	}
-	c.lastMask, c.lastClass = mask, id
+	c.last, c.lastClass = m, id
 	return id
 }
 
 // buildV4 sweeps the lists' IPv4 ranges in address order into segments of
-// equal membership and lays them out per /24 block (bpf/common.h): a block
+// equal membership (the inline prefixes' segments merged in) and lays them
+// out per /24 block (bpf/common.h): a block
 // in one class is a CLASS entry; a block with at most V4_INLINE addresses
 // of a second class an INLINE entry, the common case of host lists; any
 // other pattern of two classes a bitmap, of more a tbl8. Overlapping and
 // duplicate ranges, nested allow/deny lists and adjacency all come out of
 // the sweep merged. A /16 wholly in one class is one wide block. The
 // blocks then go into the cuckoo hashes.
-func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
+func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, prefixes []netip.Prefix) {
+	segs := prefixSegments4(prefixes)
 	ranges := 0
+	for _, p := range prefixes {
+		ranges += b2i(p.Addr().Is4())
+	}
 	for _, l := range lists {
 		ranges += len(l.V4)
 	}
@@ -52,11 +80,80 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64) {
 	}
 	b := v4Builder{t: t, c: c, blk: -1, pieces: make([]piece, 0, 256)}
 	b.blocks = make([]abi.V4Block, 0, min(ranges, 1<<16))
-	sweepV4(lists, bits, b.segment)
+	sweepV4(lists, bits, func(lo, hi uint32, mask uint64) {
+		for {
+			for segs[0].hi < lo {
+				segs = segs[1:]
+			}
+			end := min(hi, segs[0].hi)
+			b.segment(lo, end, member{mask, segs[0].id})
+			if end == hi {
+				return
+			}
+			lo = end + 1
+		}
+	})
 	b.flush()
 	key := func(s *abi.V4Block) uint32 { return s.Key }
 	t.V4Blocks, t.V4BlockMul = cuckooTable[abi.V4Bucket](b.blocks, key, quadShape)
 	t.V4Wide, t.V4WideMul = cuckooTable[abi.V4Bucket](b.wide, key, quadShape)
+}
+
+// prefixSegment is a segment of IPv4 addresses, from the end of the one
+// before to hi, and the longest inline prefix holding it.
+type prefixSegment struct {
+	hi, id uint32
+}
+
+// prefixSegments4 cuts the IPv4 addresses into segments by the longest of
+// the IPv4 prefixes (id i+1 for prefixes[i]; distinct) holding them: a
+// sweep of the prefixes in address order, longer after shorter, with a
+// stack of those holding the current one.
+func prefixSegments4(prefixes []netip.Prefix) []prefixSegment {
+	type span struct {
+		lo, hi uint64
+		id     uint32
+	}
+	var spans []span
+	for i, p := range prefixes {
+		if p.Addr().Is4() {
+			lo := uint64(policy.V4ToUint(p.Addr()))
+			spans = append(spans, span{lo, lo | (1<<(32-p.Bits()) - 1), uint32(i + 1)})
+		}
+	}
+	slices.SortFunc(spans, func(a, b span) int {
+		if c := cmp.Compare(a.lo, b.lo); c != 0 {
+			return c
+		}
+		return cmp.Compare(b.hi, a.hi)
+	})
+	var out []prefixSegment
+	var stack []span
+	pos := uint64(0)             // the first address not in out
+	until := func(next uint64) { // out gets [pos, next) in the innermost
+		if next > pos {
+			var id uint32
+			if len(stack) > 0 {
+				id = stack[len(stack)-1].id
+			}
+			out = append(out, prefixSegment{uint32(next - 1), id})
+			pos = next
+		}
+	}
+	for _, s := range spans {
+		for len(stack) > 0 && stack[len(stack)-1].hi < s.lo {
+			until(stack[len(stack)-1].hi + 1)
+			stack = stack[:len(stack)-1]
+		}
+		until(s.lo)
+		stack = append(stack, s)
+	}
+	for len(stack) > 0 {
+		until(stack[len(stack)-1].hi + 1)
+		stack = stack[:len(stack)-1]
+	}
+	until(1 << 32)
+	return out
 }
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list
@@ -107,8 +204,8 @@ func (b *v4Builder) add(blk uint32, entry uint64) {
 	b.blocks = append(b.blocks, abi.V4Block{Key: blk + 1, Entry: entry})
 }
 
-func (b *v4Builder) segment(lo, hi uint32, mask uint64) {
-	c := b.c.class(mask)
+func (b *v4Builder) segment(lo, hi uint32, m member) {
+	c := b.c.class(m)
 	for {
 		blk := int64(lo >> 8)
 		if lo&0xff == 0 && (hi>>8 > lo>>8 || hi&0xff == 0xff) {
@@ -191,7 +288,7 @@ func (b *v4Builder) flush() {
 			b.blocks = append(b.blocks, abi.V4Block{Key: blk + 1, Octets: octets, Entry: entry})
 			return
 		}
-		bm := abi.V4Bitmap{Base: uint16(base), Hit: uint16(hit)}
+		bm := abi.V4Bitmap{Base: base, Hit: hit}
 		for _, p := range ps {
 			if p.cls == hit {
 				setBits(&bm.Bits, int(p.lo), int(p.hi))
@@ -203,7 +300,7 @@ func (b *v4Builder) flush() {
 		var t8 abi.V4Tbl8
 		for _, p := range ps {
 			for a := int(p.lo); a <= int(p.hi); a++ {
-				t8.Cls[a] = uint16(p.cls)
+				t8.Cls[a] = p.cls
 			}
 		}
 		b.add(blk, abi.V4ETbl8<<abi.V4ETypeShift|uint64(len(b.t.V4Tbl8s)))

@@ -23,20 +23,26 @@ import (
 // The prefixes stream from the lists' ranges in address order and are
 // never held all at once: a first pass counts them by kind, so each table's
 // entries are allocated once (ten million prefixes are hundreds of MB).
-func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
+func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefixes []netip.Prefix) {
 	var nShort, nLong, nWide int
+	count := func(_ policy.U128, length int) {
+		switch {
+		case length <= 24:
+			nWide += 1 << (24 - length)
+		case length <= 64:
+			nShort++
+		default:
+			nLong++
+		}
+	}
 	for _, l := range lists {
 		for _, r := range l.V6 {
-			policy.Cover(r.Lo, r.Hi, 128, func(_ policy.U128, length int) {
-				switch {
-				case length <= 24:
-					nWide += 1 << (24 - length)
-				case length <= 64:
-					nShort++
-				default:
-					nLong++
-				}
-			})
+			policy.Cover(r.Lo, r.Hi, 128, count)
+		}
+	}
+	for _, p := range prefixes {
+		if p.Addr().Is6() {
+			count(policy.U128{}, p.Bits())
 		}
 	}
 	if nShort+nLong+nWide == 0 {
@@ -58,8 +64,8 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64) {
 	// marks are kept aside and merged in.
 	var lens []abi.V6Block
 	wide := make([]blockMark, 0, nWide)
-	eachClosed(lists, masks, func(e entry6) {
-		cls := c.class(e.mask)
+	eachClosed(lists, masks, prefixes, func(e entry6) {
+		cls := c.class(member{e.mask, e.prefix})
 		blk := uint32(e.first.Hi >> 40)
 		if e.len <= 24 {
 			for b := blk; b <= blk|(1<<(24-e.len)-1); b++ {
@@ -155,11 +161,13 @@ func mergeBlocks(lens []abi.V6Block, wide []blockMark) []abi.V6Block {
 	return blocks
 }
 
-// entry6 is a prefix (its first address and length) and its list mask.
+// entry6 is a prefix (its first address and length), its list mask and
+// the longest inline prefix holding it (its id, 0 for none).
 type entry6 struct {
-	first policy.U128
-	len   uint8
-	mask  uint64
+	first  policy.U128
+	len    uint8
+	mask   uint64
+	prefix uint32
 }
 
 func (e entry6) contains(a policy.U128) bool {
@@ -173,23 +181,27 @@ type blockMark struct {
 	len uint8
 }
 
-// eachClosed calls emit for the lists' prefixes in address order, ancestors
-// first, each with the union of its lists and its ancestors' (a prefix
-// adding nothing to its nearest ancestor is left out): a merge of the
-// lists' covers, each in order already, with a stack of the prefixes
-// containing the current one.
-func eachClosed(lists []*policy.List, masks []uint64, emit func(entry6)) {
+// eachClosed calls emit for the lists' and inline prefixes' prefixes in
+// address order, ancestors first, each with the union of its lists and its
+// ancestors' and the longest inline prefix holding it (a prefix adding
+// nothing to its nearest ancestor is left out): a merge of the lists'
+// covers, each in order already, with a stack of the prefixes containing
+// the current one.
+func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, emit func(entry6)) {
 	var stack []entry6
 	closed := func(e entry6) {
 		for len(stack) > 0 && !stack[len(stack)-1].contains(e.first) {
 			stack = stack[:len(stack)-1]
 		}
 		if len(stack) > 0 {
-			parent := stack[len(stack)-1].mask
-			if e.mask|parent == parent {
+			parent := stack[len(stack)-1]
+			if e.mask|parent.mask == parent.mask && e.prefix == 0 {
 				return
 			}
-			e.mask |= parent
+			e.mask |= parent.mask
+			if e.prefix == 0 {
+				e.prefix = parent.prefix
+			}
 		}
 		stack = append(stack, e)
 		emit(e)
@@ -198,12 +210,18 @@ func eachClosed(lists []*policy.List, masks []uint64, emit func(entry6)) {
 	for i, l := range lists {
 		m.add(&coverStream{rs: l.V6, mask: masks[i]})
 	}
+	for i, p := range prefixes {
+		if p.Addr().Is6() {
+			m.add(&coverStream{rs: []policy.Range6{policy.PrefixRange6(p)}, prefix: uint32(i + 1)})
+		}
+	}
 	cur, ok := m.next()
 	for ok {
 		// The same prefix from several lists: one prefix of their union.
 		e, more := m.next()
 		for more && e.first == cur.first && e.len == cur.len {
 			cur.mask |= e.mask
+			cur.prefix = max(cur.prefix, e.prefix) // one inline prefix at most
 			e, more = m.next()
 		}
 		closed(cur)
@@ -213,10 +231,11 @@ func eachClosed(lists []*policy.List, masks []uint64, emit func(entry6)) {
 
 // coverStream is one list's cover, a prefix at a time.
 type coverStream struct {
-	rs   []policy.Range6 // the ranges left; the first starts at lo
-	lo   policy.U128
-	mask uint64
-	head entry6 // the prefix next() gave last
+	rs     []policy.Range6 // the ranges left; the first starts at lo
+	lo     policy.U128
+	mask   uint64
+	prefix uint32
+	head   entry6 // the prefix next() gave last
 }
 
 func (s *coverStream) next() bool {
@@ -227,7 +246,7 @@ func (s *coverStream) next() bool {
 		s.lo = s.rs[0].Lo
 	}
 	length, last := policy.CoverStep(s.lo, s.rs[0].Hi, 128)
-	s.head = entry6{s.lo, uint8(length), s.mask}
+	s.head = entry6{s.lo, uint8(length), s.mask, s.prefix}
 	if last.Cmp(s.rs[0].Hi) >= 0 {
 		s.rs = s.rs[1:]
 	} else {

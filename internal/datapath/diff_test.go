@@ -146,8 +146,9 @@ func randomPolicy(rng *rand.Rand) string {
 }
 
 // randomPolicySized writes a policy of n rules over nLists lists; inline
-// prefixes come from pool when it is not nil, so that a large policy stays
-// within the distinct lists and prefixes a policy may name.
+// prefixes beside a list come from pool when it is not nil, so that a large
+// policy stays within the lists a policy may name, and those alone on
+// their side are drawn afresh.
 func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) string {
 	prefix := func() netip.Prefix {
 		if pool != nil {
@@ -187,11 +188,15 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 			f = append(f, fmt.Sprintf("family: %d", []int{4, 6}[rng.IntN(2)]))
 		}
 		for _, side := range []string{"src", "dst"} {
-			switch rng.IntN(4) {
+			switch rng.IntN(5) {
 			case 0:
 				f = append(f, fmt.Sprintf("%s: l%d", side, rng.IntN(nLists)))
 			case 1:
 				f = append(f, fmt.Sprintf("%s: [l%d, %q]", side, rng.IntN(nLists), prefix()))
+			case 2:
+				// Alone on its side: the entry checks its bits, and a
+				// policy may name any number.
+				f = append(f, fmt.Sprintf("%s: %q", side, randomPrefix(rng)))
 			}
 		}
 		if proto == "tcp" || proto == "udp" || proto == "" {

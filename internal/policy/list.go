@@ -24,6 +24,9 @@ type List struct {
 	// FirstSkipped locates and explains the first skipped line.
 	FirstSkipped string
 	Ops          []ListOp
+	// Inline is set for a rule's inline prefix (a BGP FlowSpec route's
+	// too): the one prefix the list holds, which nothing changes live.
+	Inline netip.Prefix
 }
 
 // ListOp is an in-place change to a live list (`rampart list add|del`). Ops
@@ -117,13 +120,21 @@ func BuildList(name string, v4 []Range4, v6 []Range6) *List {
 	return &List{Name: name, V4: MergeRanges4(v4), V6: MergeRanges6(v6), Entries: n}
 }
 
-// NewList builds a list from prefixes; tests and inline prefixes use it.
+// NewList builds a list from prefixes; tests use it.
 func NewList(name string, prefixes []netip.Prefix) *List {
 	var b listBuilder
 	for _, p := range prefixes {
 		b.addPrefix(p)
 	}
 	return b.build(name, 0)
+}
+
+// InlineList is the list of a rule's inline prefix p, named by it.
+func InlineList(p netip.Prefix) *List {
+	p = p.Masked()
+	l := NewList(p.String(), []netip.Prefix{p})
+	l.Inline = p
+	return l
 }
 
 // MergeRanges4 sorts ranges and merges overlapping and adjacent ones, in

@@ -164,7 +164,7 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 		}
 	}
 	if _, refs := pol.Usage(); len(refs) > MaxLists {
-		return nil, p.errf(root, "rules", "rules refer to %d distinct lists and prefixes; at most %d are supported", len(refs), MaxLists)
+		return nil, p.errf(root, "rules", "rules refer to %d distinct lists, and prefixes beside another on a rule's side; at most %d are supported (a prefix alone on its side takes none of them)", len(refs), MaxLists)
 	}
 	if n := top["flowspec"]; n != nil {
 		if err := p.flowspec(n, pol); err != nil {
@@ -620,7 +620,7 @@ func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, er
 	}
 	name := pfx.String()
 	if _, ok := pol.Lists[name]; !ok {
-		pol.Lists[name] = NewList(name, []netip.Prefix{pfx})
+		pol.Lists[name] = InlineList(pfx)
 	}
 	return name, nil
 }

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -115,6 +116,32 @@ func TestTooManyRules(t *testing.T) {
 	}
 	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), "at most "+strconv.Itoa(MaxRules)) {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// TestManyPrefixes: inline prefixes alone on their side take no list bit,
+// so a policy names thousands; lists, and prefixes beside another on a
+// side, are held to MaxLists.
+func TestManyPrefixes(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := range 5000 {
+		fmt.Fprintf(&b, "  - {name: r%d, src: 10.%d.%d.0/24, dst: \"2001:db8::%x\", action: drop}\n", i, i>>8, i&0xff, i)
+	}
+	pol, err := Parse("p.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, masked := pol.Usage(); len(pol.Lists) != 10_000 || len(masked) != 0 {
+		t.Fatalf("%d prefixes, %d taking a list bit; want 10,000 and none", len(pol.Lists), len(masked))
+	}
+	b.Reset()
+	b.WriteString("lists:\n  l: {prefixes: [192.0.2.0/24]}\nrules:\n")
+	for i := range MaxLists {
+		fmt.Fprintf(&b, "  - {name: r%d, src: [l, 10.0.%d.0/24], action: drop}\n", i, i)
+	}
+	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rules refer to %d distinct lists", MaxLists+1)) {
+		t.Fatalf("%d prefixes beside a list: got %v", MaxLists, err)
 	}
 }
 

@@ -309,23 +309,56 @@ func (pol *Policy) ListNames() []string {
 }
 
 // MaxRules and MaxLists bound what one policy may hold: the data plane's
-// rule array, and list membership as one 64-bit mask (bpf/common.h).
+// rule array, and the lists that take a bit of its list membership mask
+// (bpf/common.h).
 const (
 	MaxRules = abi.MaxRules
 	MaxLists = abi.MaxLists
 )
 
 // Usage is what the policy takes of the data plane's limits: match
-// entries, and the lists its rules refer to.
+// entries, and the lists that take a bit of the membership mask.
 func (pol *Policy) Usage() (entries int, lists map[string]bool) {
 	lists = map[string]bool{}
 	for _, r := range pol.Rules {
 		entries += r.Entries()
 		for _, a := range r.Alternatives() {
-			for _, n := range slices.Concat(a.Src, a.Dst) {
+			for _, n := range MaskedLists(&a, pol.Lists) {
 				lists[n] = true
 			}
 		}
 	}
 	return entries, lists
+}
+
+// MaskedLists are the lists rule alternative a names that take a bit of
+// the membership mask: all of them but an inline prefix its entries check
+// by the prefix's bits (InlinePrefix).
+func MaskedLists(a *Rule, lists map[string]*List) []string {
+	var out []string
+	for _, side := range []struct {
+		refs []string
+		bits *AddrBits
+	}{{a.Src, a.SrcBits}, {a.Dst, a.DstBits}} {
+		if _, ok := InlinePrefix(side.refs, side.bits, lists); !ok {
+			out = append(out, side.refs...)
+		}
+	}
+	return out
+}
+
+// InlinePrefix is the prefix a side of a rule alternative (its lists and
+// address bits) names, when the data plane checks it by its bits in the
+// rule's entries, not as a list: an inline prefix named alone, beside no
+// address bits. Such prefixes take no bit of the membership mask, so that
+// a feed of many victims' prefixes fits.
+func InlinePrefix(refs []string, bits *AddrBits, lists map[string]*List) (netip.Prefix, bool) {
+	if len(refs) != 1 || bits != nil {
+		return netip.Prefix{}, false
+	}
+	l := lists[refs[0]]
+	if l == nil || !l.Inline.IsValid() {
+		return netip.Prefix{}, false
+	}
+	return l.Inline, true
 }

@@ -167,6 +167,18 @@ var (
 	testLabels    = []uint64{0, 5, 0x12345, policy.MaxFlowLabel}
 )
 
+// victim is one of thousands of prefixes inside 10.1.0.0/16 or
+// 2001:db8:1::/48, as a feed names the addresses under attack: each a rule's
+// own, none taking a bit of the membership mask.
+func victim(rng *rand.Rand, ipv6 bool) netip.Prefix {
+	if ipv6 {
+		a := [16]byte{0x20, 0x01, 0x0d, 0xb8, 0, 1, 6: byte(rng.IntN(256)), 7: byte(rng.IntN(256)), 15: byte(rng.IntN(256))}
+		return netip.PrefixFrom(netip.AddrFrom16(a), []int{64, 120, 128}[rng.IntN(3)]).Masked()
+	}
+	a := [4]byte{10, 1, byte(rng.IntN(256)), byte(rng.IntN(256))}
+	return netip.PrefixFrom(netip.AddrFrom4(a), []int{24, 28, 32}[rng.IntN(3)]).Masked()
+}
+
 // RandomRoute makes a route of the components rampart installs.
 func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 	r := Route{IPv6: ipv6}
@@ -182,6 +194,9 @@ func randomRoute(rng *rand.Rand, ipv6 bool) Route {
 		switch typ {
 		case TypeDst, TypeSrc:
 			c.Prefix = netip.MustParsePrefix(pfx[rng.IntN(len(pfx))])
+			if rng.IntN(2) == 0 {
+				c.Prefix = victim(rng, ipv6)
+			}
 			if ipv6 && rng.IntN(3) == 0 {
 				c.Offset = rng.IntN(c.Prefix.Bits())
 			}

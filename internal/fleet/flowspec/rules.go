@@ -3,7 +3,6 @@ package flowspec
 import (
 	"fmt"
 	"math"
-	"net/netip"
 	"slices"
 	"strconv"
 
@@ -129,9 +128,10 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 				}
 				break
 			}
-			ln := c.Prefix.String()
+			l := policy.InlineList(c.Prefix)
+			ln := l.Name
 			if lists[ln] == nil {
-				lists[ln] = policy.NewList(ln, []netip.Prefix{c.Prefix})
+				lists[ln] = l
 			}
 			for k := range variants {
 				if c.Type == TypeDst {

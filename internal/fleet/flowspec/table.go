@@ -312,27 +312,34 @@ func Place(pol *policy.Policy, entries []*Entry) {
 			e.State = StateNever
 			continue
 		}
+		var fresh []string
+		for name, l := range added {
+			if pol.Lists[name] == nil {
+				pol.Lists[name] = l
+				fresh = append(fresh, name)
+			}
+		}
 		n, newRefs := 0, map[string]bool{}
 		for _, r := range rs {
 			n += r.Entries()
-			for _, l := range append(slices.Clone(r.Src), r.Dst...) {
-				if !refs[l] {
-					newRefs[l] = true
+			for _, a := range r.Alternatives() {
+				for _, l := range policy.MaskedLists(&a, pol.Lists) {
+					if !refs[l] {
+						newRefs[l] = true
+					}
 				}
 			}
 		}
 		if used+n > policy.MaxRules || len(refs)+len(newRefs) > policy.MaxLists {
 			e.State, e.Reason = StateNoRoom, "the policy's limits of rules and lists are reached"
+			for _, name := range fresh {
+				delete(pol.Lists, name)
+			}
 			continue
 		}
 		used += n
 		for l := range newRefs {
 			refs[l] = true
-		}
-		for name, l := range added {
-			if pol.Lists[name] == nil {
-				pol.Lists[name] = l
-			}
 		}
 		e.State = StateInstalled
 		for _, r := range rs {

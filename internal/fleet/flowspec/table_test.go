@@ -65,17 +65,30 @@ func TestTable(t *testing.T) {
 	if len(es) != 2 || es[0].State != StateInstalled || es[1].State != StateShadowed || len(pol.Rules) != 1 {
 		t.Fatalf("placed %+v, rules %+v", es, pol.Rules)
 	}
-	// Past the policy's lists: 64 prefixes of its own, then routes with
-	// new ones have no room.
+	// Every bit of the membership mask taken by the policy's lists: a
+	// route's prefix alone on its side takes none, and is installed.
 	pol = &policy.Policy{Lists: map[string]*policy.List{}, FlowSpec: &policy.FlowSpec{Position: "auto"}}
 	for i := range policy.MaxLists {
 		p := netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})
-		pol.Lists[p.String()] = policy.NewList(p.String(), []netip.Prefix{netip.PrefixFrom(p, 32)})
-		pol.Rules = append(pol.Rules, policy.Rule{Name: "r" + p.String(), Src: []string{p.String()}, Proto: -1, Action: policy.Drop})
+		pol.Lists["l"+p.String()] = policy.NewList("l"+p.String(), []netip.Prefix{netip.PrefixFrom(p, 32)})
+		pol.Rules = append(pol.Rules, policy.Rule{Name: "r" + p.String(), Src: []string{"l" + p.String()}, Proto: -1, Action: policy.Drop})
 	}
 	Place(pol, es)
-	if es[0].State != StateNoRoom {
-		t.Fatalf("a route past the policy's lists: %s", es[0].State)
+	if es[0].State != StateInstalled {
+		t.Fatalf("a route beside a policy whose lists take every bit: %s (%s)", es[0].State, es[0].Reason)
+	}
+	// Past the policy's entries: no room.
+	pol = &policy.Policy{Lists: map[string]*policy.List{}, FlowSpec: &policy.FlowSpec{Position: "auto"}}
+	ports := make([]policy.Range, 256)
+	for i := range ports {
+		ports[i] = policy.Range{Lo: uint32(i), Hi: uint32(i)}
+	}
+	for i := 0; i < policy.MaxRules/len(ports); i++ {
+		pol.Rules = append(pol.Rules, policy.Rule{Name: fmt.Sprint("r", i), Proto: 6, Dport: ports, Action: policy.Drop})
+	}
+	Place(pol, es)
+	if es[0].State != StateNoRoom || len(pol.Lists) != 0 {
+		t.Fatalf("a route past the policy's entries: %s, lists %v", es[0].State, pol.ListNames())
 	}
 }
 
