@@ -60,6 +60,10 @@ enum match_field {
 	 * entry's MATCH_IPV4 or MATCH_IPV6 says the family. */
 	MATCH_SRC_BITS = 1 << 14,
 	MATCH_DST_BITS = 1 << 15,
+	/* TCP's byte 12 under the data offset: the reserved bits and NS, what
+	 * a two-byte BGP FlowSpec TCP flags value tests besides the flags
+	 * (RFC 8955 §4.2.2.9). Checked in the leaf, with MATCH_TCP_FLAGS. */
+	MATCH_TCP_RES = 1 << 16,
 };
 
 /* A frame's fragment bits, as BGP FlowSpec names them (RFC 8955 §4.2.2.12). */
@@ -68,6 +72,7 @@ enum fragment {
 	FRAG_IS = 2,    /* a fragment other than the first */
 	FRAG_FIRST = 4, /* the first fragment */
 	FRAG_LAST = 8,  /* the last fragment */
+	FRAG_TCP_RES_SHIFT = 4, /* struct pkt's frag holds TCP's reserved bits past these */
 };
 
 struct rule {
@@ -88,6 +93,9 @@ struct rule {
 	__u8 frag_set;   /* enum fragment bits that must be set */
 	__u8 frag_clear; /* and clear */
 	__u32 flow_lo, flow_hi; /* IPv6 flow label */
+	__u8 res_set;   /* MATCH_TCP_RES: byte 12's low bits that must be set */
+	__u8 res_clear; /* and clear */
+	__u8 pad[6];
 	/* MATCH_SRC_BITS and MATCH_DST_BITS: the address, as two u64 loads of
 	 * its bytes, under mask[i] equals bits[i]. */
 	__u64 src_mask[2], src_bits[2];

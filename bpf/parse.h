@@ -55,7 +55,11 @@ struct pkt {
 	__u8 icmp_type; /* ICMP and ICMPv6, when l4_len */
 	__u8 icmp_code;
 	__u8 dscp;      /* IPv4's TOS, IPv6's traffic class, without ECN */
-	__u8 frag;      /* enum fragment; IPv6: known unless l4 is L4_UNKNOWN */
+	/* enum fragment; IPv6: known unless l4 is L4_UNKNOWN. Past
+	 * FRAG_TCP_RES_SHIFT, TCP's byte 12 under the data offset (reserved
+	 * bits, NS): a byte of its own would take the struct past 56 bytes,
+	 * and the chain of calls past the 512 bytes of stack Linux allows. */
+	__u8 frag;
 	__u8 flow[3];   /* IPv6's flow label, big-endian: the struct's padding */
 };
 
@@ -113,11 +117,12 @@ static __always_inline int is_ipv6_ext(__u8 nh)
 	       nh == IPPROTO_DSTOPTS || nh == IPPROTO_AH;
 }
 
-/* The first L4_FLAGS bytes of TCP and UDP: ports, and TCP's flags byte. */
+/* The first L4_FLAGS bytes of TCP and UDP: ports, and TCP's flags bytes. */
 struct l4_head {
 	__be16 sport;
 	__be16 dport;
-	__u8 pad[L4_FLAGS - 5];
+	__u8 pad[L4_FLAGS - 6];
+	__u8 offset_res; /* data offset, reserved bits, NS */
 	__u8 flags;
 };
 
@@ -125,8 +130,10 @@ static __always_inline void read_l4(const struct l4_head *h, __u32 n, struct pkt
 {
 	p->sport = bpf_ntohs(h->sport);
 	p->dport = bpf_ntohs(h->dport);
-	if (n == L4_FLAGS)
+	if (n == L4_FLAGS) {
 		p->tcp_flags = h->flags;
+		p->frag |= (h->offset_res & 0x0f) << FRAG_TCP_RES_SHIFT;
+	}
 	p->l4_len = n;
 }
 

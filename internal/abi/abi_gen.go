@@ -31,6 +31,9 @@ type Rule struct {
 	FragClear  uint8
 	FlowLo     uint32
 	FlowHi     uint32
+	ResSet     uint8
+	ResClear   uint8
+	Pad        [6]uint8
 	SrcMask    [2]uint64
 	SrcBits    [2]uint64
 	DstMask    [2]uint64
@@ -270,14 +273,16 @@ const (
 	MatchFlowLabel = 8192
 	MatchSrcBits   = 16384
 	MatchDstBits   = 32768
+	MatchTCPRes    = 65536
 )
 
 // enum fragment
 const (
-	FragDf    = 1
-	FragIs    = 2
-	FragFirst = 4
-	FragLast  = 8
+	FragDf          = 1
+	FragIs          = 2
+	FragFirst       = 4
+	FragLast        = 8
+	FragTCPResShift = 4
 )
 
 // enum cuckoo

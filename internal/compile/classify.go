@@ -480,8 +480,9 @@ func (b *treeBuilder) normalize(items []item) []item {
 }
 
 // leafFields are the fields the trees leave to the leaf's whole match: DSCP,
-// flow label, fragment, ICMP, address bits.
-const leafFields = abi.MatchIcmpType | abi.MatchIcmpCode | abi.MatchDscp | abi.MatchFragment | abi.MatchFlowLabel | abi.MatchSrcBits | abi.MatchDstBits
+// flow label, fragment, ICMP, address bits, TCP's reserved bits.
+const leafFields = abi.MatchIcmpType | abi.MatchIcmpCode | abi.MatchDscp | abi.MatchFragment | abi.MatchFlowLabel | abi.MatchSrcBits |
+	abi.MatchDstBits | abi.MatchTCPRes
 
 // leafChecks are, by entry, the fields only its leaf checks: leafFields,
 // but an inline prefix's bits, which the address eqs decide as well.

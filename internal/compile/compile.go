@@ -129,6 +129,10 @@ func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
 	if r.HasFlags {
 		cr.Match |= abi.MatchTCPFlags
 		cr.FlagsSet, cr.FlagsClear = r.FlagsOn, r.FlagsOff
+		if r.ResOn|r.ResOff != 0 {
+			cr.Match |= abi.MatchTCPRes
+			cr.ResSet, cr.ResClear = r.ResOn, r.ResOff
+		}
 	}
 	if r.ICMPType != nil {
 		cr.Match |= abi.MatchIcmpType

@@ -28,6 +28,7 @@ type Frame struct {
 	Sport     uint16
 	Dport     uint16
 	TCPFlags  uint8
+	TCPRes    uint8 // the low four bits of TCP's byte 12: reserved bits, NS
 	ICMPType  uint8 // ICMP and ICMPv6; 0 with code 0: an echo request
 	ICMPCode  uint8
 	Seq, Ack  uint32 // TCP sequence and acknowledgement numbers
@@ -141,7 +142,7 @@ func (f Frame) l4() []byte {
 	switch f.Proto {
 	case 6:
 		h = make([]byte, 20, 20+len(f.TCPOpts))
-		h[12] = byte(5+len(f.TCPOpts)/4) << 4
+		h[12] = byte(5+len(f.TCPOpts)/4)<<4 | f.TCPRes&0x0f
 		h[13] = f.TCPFlags
 		binary.BigEndian.PutUint32(h[4:], f.Seq)
 		binary.BigEndian.PutUint32(h[8:], f.Ack)

@@ -180,7 +180,8 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 			switch {
 			case p.L4Len < l4Flags:
 				return matchUnknown
-			case p.TCPFlags&r.FlagsOn != r.FlagsOn || p.TCPFlags&r.FlagsOff != 0:
+			case p.TCPFlags&r.FlagsOn != r.FlagsOn || p.TCPFlags&r.FlagsOff != 0,
+				p.TCPRes&r.ResOn != r.ResOn || p.TCPRes&r.ResOff != 0:
 				return noMatch
 			}
 		}

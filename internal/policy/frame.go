@@ -50,6 +50,7 @@ type Packet struct {
 	Sport     uint16
 	Dport     uint16
 	TCPFlags  uint8
+	TCPRes    uint8 // TCP's byte 12 under the data offset: reserved bits, NS
 	L4        L4State
 	L4Len     int // TCP and UDP: 0, 4 (ports) or 14 (ports and flags) bytes read; ICMP: 0 or 2
 	IsIPv6    bool
@@ -234,7 +235,7 @@ func parseL4(f []byte, off, end int, p Packet) Packet {
 	}
 	switch {
 	case avail >= l4Flags:
-		p.TCPFlags = f[off+13]
+		p.TCPFlags, p.TCPRes = f[off+13], f[off+12]&0x0f
 		p.L4Len = l4Flags
 	case avail >= l4Ports:
 		p.L4Len = l4Ports

@@ -140,10 +140,15 @@ type Rule struct {
 	Length   *Range
 	FlagsOn  uint8 // TCP flags that must be set
 	FlagsOff uint8 // TCP flags that must be clear
-	HasFlags bool
-	ICMPType *Range // ICMP or ICMPv6 type, 0-255
-	ICMPCode *Range
-	DSCP     *Range // 0-63
+	// ResOn and ResOff: TCP's byte 12 under the data offset (the reserved
+	// bits and NS) that must be set and clear, what a two-byte BGP
+	// FlowSpec TCP flags value tests besides (RFC 8955 §4.2.2.9); with
+	// HasFlags.
+	ResOn, ResOff uint8
+	HasFlags      bool
+	ICMPType      *Range // ICMP or ICMPv6 type, 0-255
+	ICMPCode      *Range
+	DSCP          *Range // 0-63
 	// FlowLabel: IPv6's; a rule with one matches no IPv4 frame.
 	FlowLabel *Range
 	// SrcBits and DstBits: IPv6 address bits no list holds (BGP FlowSpec
@@ -206,6 +211,9 @@ func (r *Rule) matchKey() string {
 	}
 	if r.HasFlags {
 		fmt.Fprintf(&b, ";flags=%s", FormatTCPFlags(r.FlagsOn, r.FlagsOff))
+		if r.ResOn|r.ResOff != 0 {
+			fmt.Fprintf(&b, ";tcp_res=%#x/%#x", r.ResOn, r.ResOff)
+		}
 	}
 	for _, f := range []struct {
 		k string

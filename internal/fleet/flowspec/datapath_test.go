@@ -244,7 +244,8 @@ func frameFor(rng *rand.Rand, r *Route) []byte {
 	f.Proto = uint8(value(r.Get(TypeProto), uint64(f.Proto)))
 	f.Sport = uint16(value(r.Get(TypeSport), value(r.Get(TypePort), pick(rng, testPorts))))
 	f.Dport = uint16(value(r.Get(TypeDport), value(r.Get(TypePort), pick(rng, testPorts))))
-	f.TCPFlags = uint8(value(r.Get(TypeTCPFlags), uint64(rng.IntN(256))))
+	flags := value(r.Get(TypeTCPFlags), uint64(rng.IntN(1<<12)))
+	f.TCPFlags, f.TCPRes = uint8(flags), uint8(flags>>8)
 	f.ICMPType = uint8(value(r.Get(TypeICMPType), pick(rng, testICMP)))
 	f.ICMPCode = uint8(value(r.Get(TypeICMPCode), uint64(rng.IntN(4))))
 	f.TOS = uint8(value(r.Get(TypeDSCP), 0)&63) << 2

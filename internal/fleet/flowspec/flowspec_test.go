@@ -162,9 +162,11 @@ var (
 	testProtos    = []uint64{1, 6, 17, 58, 47}
 	testPorts     = []uint64{0, 22, 53, 80, 443, 1024, 8080, 65535}
 	testLengths   = []uint64{40, 60, 100, 576, 1500}
-	testFlags     = []uint64{0x02, 0x10, 0x12, 0x04, 0x01, 0x3f}
-	testICMP      = []uint64{0, 3, 8, 128, 135}
-	testLabels    = []uint64{0, 5, 0x12345, policy.MaxFlowLabel}
+	// Two-byte values test byte 12: NS, the reserved bits, the data
+	// offset (read as 0).
+	testFlags  = []uint64{0x02, 0x10, 0x12, 0x04, 0x01, 0x3f, 0x0100, 0x0e00, 0x0f12, 0x1002}
+	testICMP   = []uint64{0, 3, 8, 128, 135}
+	testLabels = []uint64{0, 5, 0x12345, policy.MaxFlowLabel}
 )
 
 // victim is one of thousands of prefixes inside 10.1.0.0/16 or
@@ -246,7 +248,7 @@ func randomFrame(rng *rand.Rand, ipv6 bool) []byte {
 	}
 	f := packet.Frame{Src: addr(pfx), Dst: addr(pfx), Proto: uint8(pick(rng, testProtos))}
 	f.Sport, f.Dport = uint16(pick(rng, testPorts)+uint64(rng.IntN(2))), uint16(pick(rng, testPorts))
-	f.TCPFlags = uint8(rng.IntN(256))
+	f.TCPFlags, f.TCPRes = uint8(rng.IntN(256)), uint8(rng.IntN(16))
 	f.Payload = int(pick(rng, testLengths)) - 20 + rng.IntN(3)
 	f.ICMPType, f.ICMPCode = uint8(pick(rng, testICMP)+uint64(rng.IntN(2))), uint8(rng.IntN(4))
 	f.TOS = uint8(pick(rng, []uint64{0, 10, 46})+uint64(rng.IntN(2))) << 2

@@ -131,9 +131,8 @@ func (c *Component) matches(p *policy.Packet) Result {
 			return Unknown
 		}
 		// A 2-byte value covers bytes 12-13 with the data offset read as
-		// 0; the packet model carries byte 13 only, so the reserved bits
-		// read as 0 (the Rules refuse values that test them).
-		return result(evalOps(c.Ops, true, uint64(p.TCPFlags)))
+		// 0 (RFC 8955 §4.2.2.9).
+		return result(evalOps(c.Ops, true, uint64(p.TCPRes)<<8|uint64(p.TCPFlags)))
 	case TypeDSCP:
 		return result(evalOps(c.Ops, false, uint64(p.DSCP)))
 	case TypeFragment:

@@ -154,13 +154,22 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 				}
 			}
 		case TypeTCPFlags:
-			terms, terr := bitTerms(c.Ops, 0xff, "tcp-flags")
+			// Two bytes: the flags, and byte 12 with its data offset
+			// read as 0 (RFC 8955 §4.2.2.9): a term that wants an offset
+			// bit set never matches, one that wants it clear always does.
+			terms, terr := bitTerms(c.Ops, 0xffff, "tcp-flags")
 			if terr != nil {
 				return nil, terr
 			}
+			const offset = 0xf000
+			terms = slices.DeleteFunc(terms, func(t [2]uint16) bool { return t[0]&offset != 0 })
+			for i := range terms {
+				terms[i][1] &^= offset
+			}
 			variants, err = multiply(variants, len(terms), func(v policy.Rule, out *[]policy.Rule) {
 				for _, t := range terms {
-					v.FlagsOn, v.FlagsOff, v.HasFlags = t[0], t[1], true
+					v.FlagsOn, v.FlagsOff, v.HasFlags = uint8(t[0]), uint8(t[1]), true
+					v.ResOn, v.ResOff = uint8(t[0]>>8), uint8(t[1]>>8)
 					*out = append(*out, v)
 				}
 			})
@@ -192,7 +201,7 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 			}
 			variants, err = multiply(variants, len(terms), func(v policy.Rule, out *[]policy.Rule) {
 				for _, t := range terms {
-					v.FragOn, v.FragOff, v.HasFrag = t[0], t[1], true
+					v.FragOn, v.FragOff, v.HasFrag = uint8(t[0]), uint8(t[1]), true
 					*out = append(*out, v)
 				}
 			})
@@ -362,10 +371,10 @@ func normalize(rs []policy.Range) []policy.Range {
 
 // bitTerms writes a bitmask operator list (TCP flags, fragment bits) as
 // an OR of (set, clear) pairs, the rule model's match of such bits. Bits
-// past mask are beyond it: a 2-byte TCP flags value's first byte (reserved
-// bits and NS), fragment bits RFC 8955 does not define.
-func bitTerms(ops []Op, mask uint64, what string) ([][2]uint8, error) {
-	var union, run [][2]uint8
+// past mask are beyond it: a 2-byte TCP flags value's data offset,
+// fragment bits RFC 8955 does not define.
+func bitTerms(ops []Op, mask uint64, what string) ([][2]uint16, error) {
+	var union, run [][2]uint16
 	for i, o := range ops {
 		if o.Value&^mask != 0 {
 			return nil, unsupported(what, "%s %#x test bits rampart's data plane does not read", what, o.Value)
@@ -376,12 +385,12 @@ func bitTerms(ops []Op, mask uint64, what string) ([][2]uint8, error) {
 			run = t
 			continue
 		}
-		var next [][2]uint8
+		var next [][2]uint16
 		for _, x := range run {
 			for _, y := range t {
 				on, off := x[0]|y[0], x[1]|y[1]
 				if on&off == 0 {
-					next = append(next, [2]uint8{on, off})
+					next = append(next, [2]uint16{on, off})
 				}
 			}
 		}
@@ -391,30 +400,30 @@ func bitTerms(ops []Op, mask uint64, what string) ([][2]uint8, error) {
 		}
 	}
 	union = append(union, run...)
-	slices.SortFunc(union, func(a, b [2]uint8) int { return int(a[0])<<8 | int(a[1]) - (int(b[0])<<8 | int(b[1])) })
+	slices.SortFunc(union, func(a, b [2]uint16) int { return int(a[0])<<16 | int(a[1]) - (int(b[0])<<16 | int(b[1])) })
 	return slices.Compact(union), nil
 }
 
 // flagTerm is one bitmask term as an OR of (set, clear) pairs.
-func flagTerm(o Op) [][2]uint8 {
-	v := uint8(o.Value)
+func flagTerm(o Op) [][2]uint16 {
+	v := uint16(o.Value)
 	match, not := o.Bits&opMatch != 0, o.Bits&opNot != 0
-	var out [][2]uint8
+	var out [][2]uint16
 	switch {
 	case match && !not: // every bit of v set
-		out = append(out, [2]uint8{v, 0})
+		out = append(out, [2]uint16{v, 0})
 	case !match && not: // no bit of v set
-		out = append(out, [2]uint8{0, v})
+		out = append(out, [2]uint16{0, v})
 	case match && not: // some bit of v clear
-		for b := uint8(1); b != 0; b <<= 1 {
+		for b := uint16(1); b != 0; b <<= 1 {
 			if v&b != 0 {
-				out = append(out, [2]uint8{0, b})
+				out = append(out, [2]uint16{0, b})
 			}
 		}
 	default: // some bit of v set
-		for b := uint8(1); b != 0; b <<= 1 {
+		for b := uint16(1); b != 0; b <<= 1 {
 			if v&b != 0 {
-				out = append(out, [2]uint8{b, 0})
+				out = append(out, [2]uint16{b, 0})
 			}
 		}
 	}
