@@ -39,7 +39,10 @@ func newClasses(t *Tables) *classes {
 }
 
 func (c *classes) class(m member) uint32 {
-	if m == c.last {
+	switch m {
+	case member{}: // a list's gaps, every other segment of a host list
+		return 0
+	case c.last:
 		return c.lastClass
 	}
 	id, ok := c.of[m]
@@ -79,7 +82,10 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, prefixe
 		return
 	}
 	b := v4Builder{t: t, c: c, blk: -1, pieces: make([]piece, 0, 256)}
-	b.blocks = make([]abi.V4Block, 0, min(ranges, 1<<16))
+	// A block per range, about, for lists of hosts, with the room for
+	// their cuckoo table to be laid out in place; grown by doubling, a
+	// million blocks would be copied twenty times over.
+	b.blocks = make([]abi.V4Block, 0, tableSlots(min(ranges, abi.V4Blocks), quadShape))
 	sweepV4(lists, bits, func(lo, hi uint32, mask uint64) {
 		for {
 			for segs[0].hi < lo {
