@@ -167,16 +167,32 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	// Once per list and per op, not per pair: a hundred thousand bans
+	// are restored in a second, not in minutes.
+	type key struct {
+		list    string
+		prefix  netip.Prefix
+		add     bool
+		expires int64
+	}
+	keyOf := func(o policy.ListOp) key { return key{o.List, o.Prefix, o.Add, o.Expires.UnixNano()} }
+	held := make(map[key]bool, len(ops))
+	for _, o := range ops {
+		held[keyOf(o)] = true
+	}
+	used := map[string]bool{}
 	touched, n := map[string]bool{}, 0
 	for _, op := range unexpired(saved, time.Now()) {
-		if users, _, err := fw.listUsers(op.List); err != nil || len(users) == 0 {
+		inUse, known := used[op.List]
+		if !known {
+			users, _, err := fw.listUsers(op.List)
+			inUse = err == nil && len(users) > 0
+			used[op.List] = inUse
+		}
+		if !inUse || held[keyOf(op)] {
 			continue
 		}
-		if slices.ContainsFunc(ops, func(o policy.ListOp) bool {
-			return o.List == op.List && o.Prefix == op.Prefix && o.Add == op.Add && o.Expires.Equal(op.Expires)
-		}) {
-			continue
-		}
+		held[keyOf(op)] = true
 		ops = append(ops, op)
 		touched[op.List] = true
 		n++
@@ -320,19 +336,24 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []ne
 // it, depends on those ops alone (the latest op of each list covering its
 // prefix), and no other entry depends on the changed ones.
 func overlapping(ops []policy.ListOp, changed []netip.Prefix) []policy.ListOp {
+	// The holders that matter are of the lengths ops have: bans are
+	// mostly of one length, and a hundred thousand of them would
+	// otherwise make millions of holders.
+	var lengths [129]bool
+	for _, op := range ops {
+		lengths[op.Prefix.Bits()] = true
+	}
 	in := map[netip.Prefix]bool{}    // the changed prefixes
-	above := map[netip.Prefix]bool{} // and every prefix holding one
+	above := map[netip.Prefix]bool{} // and every prefix of those lengths holding one
 	shortest := 128
 	for _, p := range changed {
 		p = p.Masked()
 		in[p] = true
 		shortest = min(shortest, p.Bits())
 		for b := p.Bits(); b >= 0; b-- {
-			holder := netip.PrefixFrom(p.Addr(), b).Masked()
-			if above[holder] {
-				break // and every shorter one, from an earlier prefix
+			if lengths[b] {
+				above[netip.PrefixFrom(p.Addr(), b).Masked()] = true
 			}
-			above[holder] = true
 		}
 	}
 	var out []policy.ListOp
