@@ -294,19 +294,33 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 		}
 		return chain[id]
 	}
+	// Per distinct list mask (a few; classes are many with many inline
+	// prefixes): the entries of its lists, and their key.
+	type ofMask struct {
+		key     judgement
+		entries []int
+	}
+	masks := map[uint64]*ofMask{}
 	eqs = make([]uint32, len(classes))
 	seen := map[uint32]bool{}
 	for v, mask := range classes {
-		var key judgement
-		for _, r := range listed {
-			if mask&lists(r) != 0 {
-				key.add(k.of(r, stMatch))
+		mask &^= ClassInPrefix
+		m := masks[mask]
+		if m == nil {
+			m = &ofMask{}
+			for _, r := range listed {
+				if mask&lists(r) != 0 {
+					m.entries = append(m.entries, r)
+					m.key.add(k.of(r, stMatch))
+				}
 			}
+			masks[mask] = m
 		}
 		var p uint32
 		if px != nil && v < len(px.OfClass) {
 			p = px.OfClass[v]
 		}
+		key := m.key
 		key.add(chainOf(p))
 		eq := table.id(key)
 		eqs[v] = eq
@@ -314,10 +328,8 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 			continue
 		}
 		seen[eq] = true
-		for _, r := range listed {
-			if mask&lists(r) != 0 {
-				f.cands[r] = append(f.cands[r], cand{eq, stMatch})
-			}
+		for _, r := range m.entries {
+			f.cands[r] = append(f.cands[r], cand{eq, stMatch})
 		}
 		for q := p; q != 0 && byPrefix != nil; q = px.Parent[q] {
 			for _, r := range byPrefix[q] {
@@ -344,7 +356,10 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 	}
 	var fs [abi.NumFields]field
 	fs[abi.FieldFamily], _, _ = pointField(entries, k, tests(abi.MatchIPv4|abi.MatchIPv6), 2, 0, func(r, v int) status {
-		if (entries[r].Match&abi.MatchIPv6 != 0) == (v == 1) {
+		switch m := entries[r].Match; {
+		case m&abi.MatchIPv4 != 0 && m&abi.MatchIPv6 != 0:
+			return stNo // a family: 4 rule on an IPv6 prefix, say: no frame
+		case (m&abi.MatchIPv6 != 0) == (v == 1):
 			return stMatch
 		}
 		return stNo

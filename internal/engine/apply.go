@@ -161,7 +161,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	for _, op := range ops {
 		var took []*policy.List
 		for _, pol := range pols {
-			if l := pol.Lists[op.List]; l != nil && !slices.Contains(took, l) {
+			if l := pol.Lists[op.List]; l != nil && !l.Inline.IsValid() && !slices.Contains(took, l) {
 				l.Ops = append(l.Ops, op)
 				took = append(took, l)
 			}
@@ -375,7 +375,9 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
 	}
 	for name, bit := range img.Lists {
-		g.Lists[name] = ListInfo{Bit: bit, Family: pol.Lists[name].Family}
+		if l := pol.Lists[name]; !l.Inline.IsValid() { // a rule's prefix is no list to change live
+			g.Lists[name] = ListInfo{Bit: bit, Family: l.Family}
+		}
 	}
 	return g
 }

@@ -51,6 +51,9 @@ func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 		Warnings: pol.Warnings, Lists: []ListReport{}}
 	for _, name := range pol.ListNames() {
 		l := pol.Lists[name]
+		if l.Inline.IsValid() { // a rule's prefix, no list
+			continue
+		}
 		r.Entries += l.Entries
 		r.SkippedLines += l.Skipped
 		v4, v6 := l.Addresses()

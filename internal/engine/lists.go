@@ -107,7 +107,11 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		if len(known) == 0 {
 			return nil, fmt.Errorf("list %q: no policy is applied%s; apply one first", c.List, fw.inNetns())
 		}
-		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)", c.List, fw.inNetns(), strings.Join(known, ", "))
+		hint := ""
+		if _, err := netip.ParsePrefix(c.List); err == nil {
+			hint = "; a rule's inline prefix is no list to change: name it under lists: for that"
+		}
+		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)%s", c.List, fw.inNetns(), strings.Join(known, ", "), hint)
 	}
 	for _, u := range users {
 		for _, p := range c.Prefixes {

@@ -72,6 +72,16 @@ func TestLiveListChanges(t *testing.T) {
 	if g := hookStatus(t, fw)[0].Generation; g != gen {
 		t.Errorf("generation %d after live changes, was %d: a change reloaded the program", g, gen)
 	}
+
+	// A rule's inline prefix is no list, even beside one, where it takes
+	// a bit: rules checking it by its bits would not see the change.
+	pol = parse(t, t.TempDir(), "p.yaml", "lists:\n  block: {prefixes: ["+other.String()+"]}\nrules:\n"+
+		"  - {name: d, src: [block, 198.51.100.0/24], action: drop}\n  - {name: e, src: 198.51.100.0/24, proto: udp, action: drop}\n")
+	mustApply(t, fw, pol, p.IfB)
+	if _, err := fw.ChangeList(ListChange{List: "198.51.100.0/24", Prefixes: []netip.Prefix{host}, Add: true}); err == nil || !strings.Contains(err.Error(), "inline prefix") {
+		t.Errorf("a change to an inline prefix: %v", err)
+	}
+	step("an inline prefix unchanged", 50)
 }
 
 // TestOverlayDelta: a change writes only the overlay entries it changes,

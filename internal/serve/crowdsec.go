@@ -192,8 +192,10 @@ func splitByOrigin(pol *policy.Policy, list string, byOrigin map[string][]netip.
 				c.Dst = swap(r.Dst, list, list+"/"+o)
 				split.rules[c.Name] = o
 			}
-			for _, l := range append(slices.Clone(c.Src), c.Dst...) {
-				refs[l] = true
+			for _, a := range c.Alternatives() {
+				for _, l := range policy.MaskedLists(&a, pol.Lists) {
+					refs[l] = true
+				}
 			}
 			entries += c.Entries()
 			rules = append(rules, c)

@@ -229,12 +229,14 @@ func (d *Daemon) reloadLocked(why string) error {
 	d.flowspecApplied()
 	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, map[string][2]int{}
 	for name, l := range pol.Lists {
-		d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}
+		if !l.Inline.IsValid() { // a rule's prefix (a FlowSpec route's) is no list
+			d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}
+		}
 	}
 	for _, a := range res.Applied {
 		d.generation = max(d.generation, a.Generation)
 	}
-	d.log.Info("policy applied", "why", why, "rules", len(pol.Rules), "lists", len(pol.Lists), "generation", d.generation, "took", time.Since(start).Round(time.Millisecond).String())
+	d.log.Info("policy applied", "why", why, "rules", len(pol.Rules), "lists", len(d.listSizes), "generation", d.generation, "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
 }
 

@@ -166,6 +166,7 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 			for i := range terms {
 				terms[i][1] &^= offset
 			}
+			terms = compactTerms(terms)
 			variants, err = multiply(variants, len(terms), func(v policy.Rule, out *[]policy.Rule) {
 				for _, t := range terms {
 					v.FlagsOn, v.FlagsOff, v.HasFlags = uint8(t[0]), uint8(t[1]), true
@@ -399,9 +400,13 @@ func bitTerms(ops []Op, mask uint64, what string) ([][2]uint16, error) {
 			return nil, unsupported("too-complex", "the %s are an OR of more than %d combinations", what, MaxRulesPerRoute)
 		}
 	}
-	union = append(union, run...)
-	slices.SortFunc(union, func(a, b [2]uint16) int { return int(a[0])<<16 | int(a[1]) - (int(b[0])<<16 | int(b[1])) })
-	return slices.Compact(union), nil
+	return compactTerms(append(union, run...)), nil
+}
+
+// compactTerms sorts terms and drops repeats.
+func compactTerms(terms [][2]uint16) [][2]uint16 {
+	slices.SortFunc(terms, func(a, b [2]uint16) int { return int(a[0])<<16 | int(a[1]) - (int(b[0])<<16 | int(b[1])) })
+	return slices.Compact(terms)
 }
 
 // flagTerm is one bitmask term as an OR of (set, clear) pairs.
