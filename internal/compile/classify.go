@@ -277,13 +277,13 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 	// holding it.
 	var chain []judgement
 	var done []bool
+	if byPrefix != nil {
+		chain, done = make([]judgement, len(px.Parent)), make([]bool, len(px.Parent))
+	}
 	var chainOf func(id uint32) judgement
 	chainOf = func(id uint32) judgement {
 		if id == 0 || byPrefix == nil {
 			return judgement{}
-		}
-		if chain == nil {
-			chain, done = make([]judgement, len(px.Parent)), make([]bool, len(px.Parent))
 		}
 		if !done[id] {
 			key := chainOf(px.Parent[id])
@@ -405,8 +405,7 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 
 	// Addresses: a class's eq as a source and as a destination.
 	c.ClassEqs = make([]abi.ClassEqs, len(classes))
-	var none []uint32
-	srcPx, dstPx := none, none
+	var srcPx, dstPx []uint32
 	if px != nil {
 		srcPx, dstPx = px.Src, px.Dst
 	}

@@ -5,7 +5,6 @@ package compile
 import (
 	"encoding/binary"
 	"net/netip"
-	"slices"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -45,7 +44,7 @@ func Build(pol *policy.Policy) *Image {
 		listBits = append(listBits, bit)
 	}
 	img.Tables = BuildTables(lists, listBits, b.prefixes)
-	img.Classifier = Classify(img.Rules, img.Classes, &Prefixes{Parent: prefixParents(b.prefixes), OfClass: img.classPrefix, Src: b.src, Dst: b.dst})
+	img.Classifier = Classify(img.Rules, img.Classes, &Prefixes{Parent: img.prefixParent, OfClass: img.classPrefix, Src: b.src, Dst: b.dst})
 	return img
 }
 
@@ -172,28 +171,6 @@ func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
 	}
 }
 
-// prefixParents is, by id (i+1 for prefixes[i], which are distinct), the
-// id of the longest other prefix holding it, 0 for none.
-func prefixParents(prefixes []netip.Prefix) []uint32 {
-	parent := make([]uint32, len(prefixes)+1)
-	order := make([]uint32, len(prefixes))
-	for i := range order {
-		order[i] = uint32(i + 1)
-	}
-	slices.SortFunc(order, func(a, b uint32) int { return policy.ComparePrefix(prefixes[a-1], prefixes[b-1]) })
-	var stack []uint32
-	for _, id := range order {
-		for len(stack) > 0 && !prefixes[stack[len(stack)-1]-1].Contains(prefixes[id-1].Addr()) {
-			stack = stack[:len(stack)-1]
-		}
-		if len(stack) > 0 {
-			parent[id] = stack[len(stack)-1]
-		}
-		stack = append(stack, id)
-	}
-	return parent
-}
-
 // familyMatch is the match bit of addr's family: address bits are one
 // family's.
 func familyMatch(addr netip.Addr) uint32 {
@@ -229,6 +206,7 @@ func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
 func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) Tables {
 	var t Tables
 	c := newClasses(&t)
+	t.prefixParent = make([]uint32, len(prefixes)+1)
 	buildV4(&t, c, lists, bits, prefixes)
 	buildV6(&t, c, lists, bits, prefixes)
 	var ops []policy.ListOp

@@ -53,10 +53,12 @@ type Tables struct {
 	V6HotLen   uint32   // the length most IPv6 prefixes past /24 have (0: none)
 	Classes    []uint64 // class id -> list mask; class 0 is no list
 	// classPrefix: class id -> the longest inline prefix holding its
-	// addresses (0: none); the classifier's, not the kernel's.
-	classPrefix []uint32
-	OverlayV4   []OverlayEntry[abi.LPMKeyV4]
-	OverlayV6   []OverlayEntry[abi.LPMKeyV6]
+	// addresses (0: none); prefixParent: inline prefix id -> the longest
+	// other one holding it, as the sweeps meet them. The classifier's,
+	// not the kernel's.
+	classPrefix, prefixParent []uint32
+	OverlayV4                 []OverlayEntry[abi.LPMKeyV4]
+	OverlayV6                 []OverlayEntry[abi.LPMKeyV6]
 }
 
 // Entry is one prefix and the bitmask of the lists holding it.

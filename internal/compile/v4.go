@@ -70,7 +70,7 @@ func (c *classes) class(m member) uint32 {
 // the sweep merged. A /16 wholly in one class is one wide block. The
 // blocks then go into the cuckoo hashes.
 func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, prefixes []netip.Prefix) {
-	segs := prefixSegments4(prefixes)
+	segs := prefixSegments4(prefixes, t.prefixParent)
 	ranges := 0
 	for _, p := range prefixes {
 		ranges += b2i(p.Addr().Is4())
@@ -114,8 +114,8 @@ type prefixSegment struct {
 // prefixSegments4 cuts the IPv4 addresses into segments by the longest of
 // the IPv4 prefixes (id i+1 for prefixes[i]; distinct) holding them: a
 // sweep of the prefixes in address order, longer after shorter, with a
-// stack of those holding the current one.
-func prefixSegments4(prefixes []netip.Prefix) []prefixSegment {
+// stack of those holding the current one, whose top is each one's parent.
+func prefixSegments4(prefixes []netip.Prefix, parent []uint32) []prefixSegment {
 	type span struct {
 		lo, hi uint64
 		id     uint32
@@ -152,6 +152,9 @@ func prefixSegments4(prefixes []netip.Prefix) []prefixSegment {
 			stack = stack[:len(stack)-1]
 		}
 		until(s.lo)
+		if len(stack) > 0 {
+			parent[s.id] = stack[len(stack)-1].id
+		}
 		stack = append(stack, s)
 	}
 	for len(stack) > 0 {

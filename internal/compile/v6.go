@@ -64,7 +64,7 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	// marks are kept aside and merged in.
 	var lens []abi.V6Block
 	wide := make([]blockMark, 0, nWide)
-	eachClosed(lists, masks, prefixes, func(e entry6) {
+	eachClosed(lists, masks, prefixes, t.prefixParent, func(e entry6) {
 		cls := c.class(member{e.mask, e.prefix})
 		blk := uint32(e.first.Hi >> 40)
 		if e.len <= 24 {
@@ -184,23 +184,25 @@ type blockMark struct {
 // eachClosed calls emit for the lists' and inline prefixes' prefixes in
 // address order, ancestors first, each with the union of its lists and its
 // ancestors' and the longest inline prefix holding it (a prefix adding
-// nothing to its nearest ancestor is left out): a merge of the lists'
-// covers, each in order already, with a stack of the prefixes containing
-// the current one.
-func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, emit func(entry6)) {
+// nothing to its nearest ancestor is left out), and notes each inline
+// prefix's parent: a merge of the lists' covers, each in order already,
+// with a stack of the prefixes containing the current one.
+func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, parent []uint32, emit func(entry6)) {
 	var stack []entry6
 	closed := func(e entry6) {
 		for len(stack) > 0 && !stack[len(stack)-1].contains(e.first) {
 			stack = stack[:len(stack)-1]
 		}
 		if len(stack) > 0 {
-			parent := stack[len(stack)-1]
-			if e.mask|parent.mask == parent.mask && e.prefix == 0 {
+			up := stack[len(stack)-1]
+			if e.mask|up.mask == up.mask && e.prefix == 0 {
 				return
 			}
-			e.mask |= parent.mask
+			e.mask |= up.mask
 			if e.prefix == 0 {
-				e.prefix = parent.prefix
+				e.prefix = up.prefix
+			} else {
+				parent[e.prefix] = up.prefix
 			}
 		}
 		stack = append(stack, e)
