@@ -185,9 +185,11 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 				return NO_MATCH;
 			if (p->tcp_flags & r->flags_clear)
 				return NO_MATCH;
-			__u8 res = p->frag >> FRAG_TCP_RES_SHIFT;
-			if ((f & MATCH_TCP_RES) && ((res & r->res_set) != r->res_set || (res & r->res_clear)))
-				return NO_MATCH;
+			if (f & MATCH_TCP_RES) {
+				__u8 res = p->frag >> FRAG_TCP_RES_SHIFT;
+				if ((res & r->res_set) != r->res_set || (res & r->res_clear))
+					return NO_MATCH;
+			}
 		}
 	}
 	return MATCH;
