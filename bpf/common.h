@@ -82,7 +82,7 @@ struct rule {
 	__u16 sport_lo, sport_hi;
 	__u16 dport_lo, dport_hi;
 	__u16 len_lo, len_hi; /* L3 length: IPv4 total length, IPv6 payload + 40 */
-	__u8 proto;
+	__u8 proto_lo; /* MATCH_PROTO: the protocols proto_lo to proto_hi */
 	__u8 flags_set;   /* TCP flags that must be set */
 	__u8 flags_clear; /* TCP flags that must be clear */
 	__u8 action;      /* enum action */
@@ -95,7 +95,8 @@ struct rule {
 	__u32 flow_lo, flow_hi; /* IPv6 flow label */
 	__u8 res_set;   /* MATCH_TCP_RES: byte 12's low bits that must be set */
 	__u8 res_clear; /* and clear */
-	__u8 pad[6];
+	__u8 proto_hi;
+	__u8 pad[5];
 	/* MATCH_SRC_BITS and MATCH_DST_BITS: the address, as two u64 loads of
 	 * its bytes, under mask[i] equals bits[i]. */
 	__u64 src_mask[2], src_bits[2];

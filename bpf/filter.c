@@ -151,7 +151,7 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 	if (f & MATCH_PROTO) {
 		if (p->l4 == L4_UNKNOWN)
 			return MATCH_UNKNOWN;
-		if (p->proto != r->proto)
+		if (p->proto < r->proto_lo || p->proto > r->proto_hi)
 			return NO_MATCH;
 	}
 	if (f & (MATCH_FRAGMENT | MATCH_ICMP_TYPE | MATCH_ICMP_CODE)) {

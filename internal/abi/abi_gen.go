@@ -16,7 +16,7 @@ type Rule struct {
 	DportHi    uint16
 	LenLo      uint16
 	LenHi      uint16
-	Proto      uint8
+	ProtoLo    uint8
 	FlagsSet   uint8
 	FlagsClear uint8
 	Action     uint8
@@ -33,7 +33,8 @@ type Rule struct {
 	FlowHi     uint32
 	ResSet     uint8
 	ResClear   uint8
-	Pad        [6]uint8
+	ProtoHi    uint8
+	Pad        [5]uint8
 	SrcMask    [2]uint64
 	SrcBits    [2]uint64
 	DstMask    [2]uint64

@@ -370,7 +370,7 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 		switch {
 		case v == abi.ValueUnknownProto:
 			return stUnknown
-		case v == int(entries[r].Proto):
+		case v >= int(entries[r].ProtoLo) && v <= int(entries[r].ProtoHi):
 			return stMatch
 		}
 		return stNo

@@ -82,44 +82,15 @@ func (b *builder) prefixID(p netip.Prefix) uint32 {
 func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
 	img := b.img
 	cr := abi.Rule{Action: action(act), Rule: uint32(i)}
-	var ids [2]uint32 // the inline prefixes of the source and destination
-	for s, side := range []struct {
-		refs            []string
-		bits            *policy.AddrBits
-		match, bitsFlag uint32
-		lists           *uint64
-		mask, want      *[2]uint64
-		need            *bool
-	}{{r.Src, r.SrcBits, abi.MatchSrc, abi.MatchSrcBits, &cr.SrcLists, &cr.SrcMask, &cr.SrcBits, &img.NeedSrc},
-		{r.Dst, r.DstBits, abi.MatchDst, abi.MatchDstBits, &cr.DstLists, &cr.DstMask, &cr.DstBits, &img.NeedDst}} {
-		bits := side.bits
-		if p, ok := policy.InlinePrefix(side.refs, side.bits, b.pol.Lists); ok {
-			// Checked by its bits; the address lookup still gives the
-			// trees its eq.
-			ids[s] = b.prefixID(p)
-			bits = &policy.AddrBits{Prefix: p}
-			*side.need = true
-		} else {
-			for _, n := range side.refs {
-				*side.lists |= b.bit(n)
-				cr.Match |= side.match
-				*side.need = true
-			}
-		}
-		if bits != nil {
-			cr.Match |= side.bitsFlag | familyMatch(bits.Prefix.Addr())
-			*side.mask, *side.want = addrWords(bits)
-		}
-	}
 	switch r.Family {
 	case 4:
 		cr.Match |= abi.MatchIPv4
 	case 6:
 		cr.Match |= abi.MatchIPv6
 	}
-	if r.Proto >= 0 {
+	if r.Proto != nil {
 		cr.Match |= abi.MatchProto
-		cr.Proto = uint8(r.Proto)
+		cr.ProtoLo, cr.ProtoHi = uint8(r.Proto.Lo), uint8(r.Proto.Hi)
 	}
 	if r.Length != nil {
 		cr.Match |= abi.MatchLength
@@ -153,21 +124,76 @@ func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
 		cr.Match |= abi.MatchFragment
 		cr.FragSet, cr.FragClear = r.FragOn, r.FragOff
 	}
-	// One entry per pair of port ranges, all counted as the rule.
-	for _, sp := range orAny(r.Sport) {
-		for _, dp := range orAny(r.Dport) {
-			e := cr
-			if sp != nil {
-				e.Match |= abi.MatchSport
-				e.SportLo, e.SportHi = uint16(sp.Lo), uint16(sp.Hi)
+	// One entry per way of checking each side and pair of port ranges,
+	// all counted as the rule.
+	srcs := b.sides(r.Src, r.SrcBits, &img.NeedSrc)
+	dsts := b.sides(r.Dst, r.DstBits, &img.NeedDst)
+	for _, src := range srcs {
+		for _, dst := range dsts {
+			for _, sp := range orAny(r.Sport) {
+				for _, dp := range orAny(r.Dport) {
+					e := cr
+					src.put(&e, abi.MatchSrc, abi.MatchSrcBits, &e.SrcLists, &e.SrcMask, &e.SrcBits)
+					dst.put(&e, abi.MatchDst, abi.MatchDstBits, &e.DstLists, &e.DstMask, &e.DstBits)
+					if sp != nil {
+						e.Match |= abi.MatchSport
+						e.SportLo, e.SportHi = uint16(sp.Lo), uint16(sp.Hi)
+					}
+					if dp != nil {
+						e.Match |= abi.MatchDport
+						e.DportLo, e.DportHi = uint16(dp.Lo), uint16(dp.Hi)
+					}
+					img.Rules = append(img.Rules, e)
+					b.src, b.dst = append(b.src, src.prefix), append(b.dst, dst.prefix)
+				}
 			}
-			if dp != nil {
-				e.Match |= abi.MatchDport
-				e.DportLo, e.DportHi = uint16(dp.Lo), uint16(dp.Hi)
-			}
-			img.Rules = append(img.Rules, e)
-			b.src, b.dst = append(b.src, ids[0]), append(b.dst, ids[1])
 		}
+	}
+}
+
+// side is one way an entry checks a side of its rule: membership in some
+// lists, address bits, or both (a FlowSpec prefix with an offset among
+// lists); none for a side the rule leaves open.
+type side struct {
+	lists  uint64
+	bits   *policy.AddrBits
+	prefix uint32 // the inline prefix's id, 0 for none
+}
+
+// sides are the ways of checking one side of a rule (policy.SplitSide):
+// the named lists together, each inline prefix apart. An inline prefix is
+// checked by its bits; the address lookup still gives the trees its eq.
+func (b *builder) sides(refs []string, bits *policy.AddrBits, need *bool) []side {
+	masked, inline := policy.SplitSide(refs, bits, b.pol.Lists)
+	var out []side
+	if len(masked) > 0 || bits != nil {
+		s := side{bits: bits}
+		for _, n := range masked {
+			s.lists |= b.bit(n)
+		}
+		out = append(out, s)
+	}
+	for _, p := range inline {
+		out = append(out, side{bits: &policy.AddrBits{Prefix: p}, prefix: b.prefixID(p)})
+	}
+	if len(refs) > 0 {
+		*need = true
+	}
+	if len(out) == 0 {
+		out = append(out, side{})
+	}
+	return out
+}
+
+// put writes the side into entry e's fields of that side.
+func (s side) put(e *abi.Rule, match, bitsFlag uint32, lists *uint64, mask, want *[2]uint64) {
+	if s.lists != 0 {
+		*lists = s.lists
+		e.Match |= match
+	}
+	if s.bits != nil {
+		e.Match |= bitsFlag | familyMatch(s.bits.Prefix.Addr())
+		*mask, *want = addrWords(s.bits)
 	}
 }
 

@@ -181,7 +181,7 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 		f = append(f, fmt.Sprintf("name: r%d", i))
 		proto := ""
 		if rng.IntN(2) == 0 {
-			proto = []string{"tcp", "udp", "icmp", "icmpv6", "47"}[rng.IntN(5)]
+			proto = []string{"tcp", "udp", "icmp", "icmpv6", "47", "0-17", "17-58"}[rng.IntN(7)]
 			f = append(f, "proto: "+proto)
 		}
 		if rng.IntN(3) == 0 && proto != "icmp" && proto != "icmpv6" {

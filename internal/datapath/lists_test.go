@@ -90,12 +90,13 @@ func newBigLists(rng *rand.Rand, n int) *bigLists {
 			dst = append(dst, bigPrefix(rng, i%2 == 0))
 		}
 	}
+	udp := policy.One(17)
 	pol := &policy.Policy{
 		Lists: map[string]*policy.List{"deny": policy.NewList("deny", deny), "allow": policy.NewList("allow", allow), "dst": policy.NewList("dst", dst)},
 		Rules: []policy.Rule{
-			{Name: "allow", Src: []string{"allow"}, Proto: -1, Action: policy.Pass},
-			{Name: "deny", Src: []string{"deny"}, Proto: -1, Action: policy.Drop},
-			{Name: "dst", Dst: []string{"dst"}, Proto: 17, Action: policy.Drop},
+			{Name: "allow", Src: []string{"allow"}, Action: policy.Pass},
+			{Name: "deny", Src: []string{"deny"}, Action: policy.Drop},
+			{Name: "dst", Dst: []string{"dst"}, Proto: &udp, Action: policy.Drop},
 		},
 		Default: policy.Pass,
 	}

@@ -122,11 +122,11 @@ func (pol *Policy) match(r *Rule, p *Packet) match {
 	if r.FlowLabel != nil && (!p.IsIPv6 || p.FlowLabel < r.FlowLabel.Lo || p.FlowLabel > r.FlowLabel.Hi) {
 		return noMatch
 	}
-	if r.Proto >= 0 {
+	if r.Proto != nil {
 		if p.L4 == L4Unknown {
 			return matchUnknown
 		}
-		if p.Proto != r.Proto {
+		if !r.Proto.Has(uint32(p.Proto)) {
 			return noMatch
 		}
 	}
@@ -202,5 +202,5 @@ func (r *Rule) NeedsL4() bool {
 		}
 	}
 	// Fragment bits: IPv6's are in the header chain, walked for L4.
-	return r.Proto >= 0 || r.NeedsL4Header() || r.ICMPType != nil || r.ICMPCode != nil || r.HasFrag
+	return r.Proto != nil || r.NeedsL4Header() || r.ICMPType != nil || r.ICMPCode != nil || r.HasFrag
 }

@@ -134,7 +134,7 @@ func TestAddrBits(t *testing.T) {
 	if m := b.Mask(); m != [16]byte{4: 0xff, 5: 0xff} {
 		t.Errorf("mask %x", m)
 	}
-	r := Rule{Proto: -1, DstBits: &b}
+	r := Rule{DstBits: &b}
 	if !strings.Contains(r.MatchKey(), "dst_bits=0:0:1234::/48 offset 32") || r.matchesAll() {
 		t.Errorf("match key %q, matches all %v", r.MatchKey(), r.matchesAll())
 	}

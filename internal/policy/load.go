@@ -159,12 +159,12 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 		}
 		seen[r.Name] = r.Line
 		pol.Rules = append(pol.Rules, r)
-		if entries += r.Entries(); entries > MaxRules {
-			return nil, p.errf(rn, "rules", "with their port lists, the rules need more than %d match entries (a rule takes one per pair of its sport and dport ranges)", MaxRules)
+		if entries += r.Entries(pol.Lists); entries > MaxRules {
+			return nil, p.errf(rn, "rules", "with their port lists, the rules need more than %d match entries (a rule takes one per pair of its sport and dport ranges, for each inline prefix beside its lists)", MaxRules)
 		}
 	}
 	if _, refs := pol.Usage(); len(refs) > MaxLists {
-		return nil, p.errf(root, "rules", "rules refer to %d distinct lists, and prefixes beside another on a rule's side; at most %d are supported (a prefix alone on its side takes none of them)", len(refs), MaxLists)
+		return nil, p.errf(root, "rules", "rules refer to %d distinct lists; at most %d are supported (inline prefixes take none of them, and a list takes any number of files)", len(refs), MaxLists)
 	}
 	if n := top["flowspec"]; n != nil {
 		if err := p.flowspec(n, pol); err != nil {
@@ -301,7 +301,7 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	if err != nil {
 		return Rule{}, err
 	}
-	r := Rule{Line: n.Line, Proto: -1}
+	r := Rule{Line: n.Line}
 	nameNode := f["name"]
 	if nameNode == nil || nameNode.Value == "" {
 		return r, p.errf(n, "name", "every rule needs a non-empty name")
@@ -345,11 +345,12 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	}
 	if fn := f["proto"]; fn != nil {
 		if v, ok := protoNames[strings.ToLower(fn.Value)]; ok {
-			r.Proto = v
-		} else if v, err := strconv.Atoi(fn.Value); err == nil && v >= 0 && v <= 255 {
-			r.Proto = v
+			rg := One(v)
+			r.Proto = &rg
+		} else if rg, err := parseRange(fn.Value, 255); err == nil {
+			r.Proto = &rg
 		} else {
-			return r, p.errf(fn, "proto", "%q: use tcp, udp, icmp, icmpv6 or a number 0-255", fn.Value)
+			return r, p.errf(fn, "proto", "%q: use tcp, udp, icmp, icmpv6, a number 0-255 or a range of them (50-51)", fn.Value)
 		}
 	}
 	for _, rf := range []struct {
@@ -423,12 +424,13 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 	}
 	if r.Action == Syncookie {
 		switch {
-		case r.Proto >= 0 && r.Proto != protoTCP:
+		case r.Proto != nil && !r.ProtoIs(protoTCP):
 			return r, p.errf(f["proto"], "proto", "rule %q: syncookie answers TCP SYNs; its proto must be tcp", r.Name)
 		case r.Dport == nil:
 			return r, p.errf(an, "dport", "rule %q: syncookie needs the listening ports (dport)", r.Name)
 		}
-		r.Proto = protoTCP
+		tcp := One(protoTCP)
+		r.Proto = &tcp
 	}
 	return r, p.consistent(n, &r)
 }
@@ -582,24 +584,24 @@ func parsePer(s string, family int, l *RateLimit) error {
 // consistent refuses rules that could never match.
 func (p *parser) consistent(n *yaml.Node, r *Rule) error {
 	hasPorts := r.Sport != nil || r.Dport != nil
-	if hasPorts && r.Proto >= 0 && r.Proto != protoTCP && r.Proto != protoUDP {
+	if hasPorts && !r.ProtoAllows(protoTCP) && !r.ProtoAllows(protoUDP) {
 		return p.errf(n, "proto", "rule %q matches ports, which only tcp and udp have", r.Name)
 	}
-	if r.HasFlags && r.Proto >= 0 && r.Proto != protoTCP {
+	if r.HasFlags && !r.ProtoAllows(protoTCP) {
 		return p.errf(n, "tcp_flags", "rule %q matches TCP flags but its proto is not tcp", r.Name)
 	}
 	if r.ICMPType != nil || r.ICMPCode != nil {
 		switch {
-		case r.Proto >= 0 && r.Proto != protoICMP && r.Proto != protoICMPv6:
+		case !r.ProtoAllows(protoICMP) && !r.ProtoAllows(protoICMPv6):
 			return p.errf(n, "icmp_type", "rule %q matches an ICMP type or code but its proto is not icmp or icmpv6", r.Name)
 		case hasPorts || r.HasFlags:
 			return p.errf(n, "icmp_type", "rule %q matches an ICMP type or code and ports or TCP flags: no packet has both", r.Name)
 		}
 	}
-	if r.FlowLabel != nil && (r.Family == 4 || r.Proto == protoICMP) {
+	if r.FlowLabel != nil && (r.Family == 4 || r.ProtoIs(protoICMP)) {
 		return p.errf(n, "flow_label", "rule %q matches a flow label, which only IPv6 has, and IPv4 alone", r.Name)
 	}
-	if r.Proto == protoICMP && r.Family == 6 || r.Proto == protoICMPv6 && r.Family == 4 {
+	if r.ProtoIs(protoICMP) && r.Family == 6 || r.ProtoIs(protoICMPv6) && r.Family == 4 {
 		return p.errf(n, "proto", "rule %q: icmp is IPv4's and icmpv6 is IPv6's", r.Name)
 	}
 	return nil

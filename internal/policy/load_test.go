@@ -34,7 +34,7 @@ default: pass
 		t.Errorf("blocklist has %d prefixes, want 3", got)
 	}
 	r := pol.Rules[3]
-	if r.Proto != 6 || !slices.Equal(r.Dport, []Range{{1, 1023}}) || r.FlagsOn != FlagSYN || r.FlagsOff != FlagACK {
+	if !r.ProtoIs(6) || !slices.Equal(r.Dport, []Range{{1, 1023}}) || r.FlagsOn != FlagSYN || r.FlagsOff != FlagACK {
 		t.Errorf("syn-to-closed parsed as %+v", r)
 	}
 	if r := pol.Rules[2]; *r.Length != (Range{512, 65535}) || !slices.Equal(r.Sport, []Range{{53, 53}}) {
@@ -119,9 +119,9 @@ func TestTooManyRules(t *testing.T) {
 	}
 }
 
-// TestManyPrefixes: inline prefixes alone on their side take no list bit,
-// so a policy names thousands; lists, and prefixes beside another on a
-// side, are held to MaxLists.
+// TestManyPrefixes: inline prefixes take no list bit, alone on their side
+// or beside lists, so a policy names thousands; lists are held to
+// MaxLists, and a prefix beside lists takes entries of its own.
 func TestManyPrefixes(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("rules:\n")
@@ -137,11 +137,27 @@ func TestManyPrefixes(t *testing.T) {
 	}
 	b.Reset()
 	b.WriteString("lists:\n  l: {prefixes: [192.0.2.0/24]}\nrules:\n")
-	for i := range MaxLists {
-		fmt.Fprintf(&b, "  - {name: r%d, src: [l, 10.0.%d.0/24], action: drop}\n", i, i)
+	for i := range 2000 {
+		fmt.Fprintf(&b, "  - {name: r%d, src: [l, 10.0.%d.0/24, \"2001:db8:%x::/48\"], dport: [1, 2], action: drop}\n", i, i%256, i)
+	}
+	pol, err = Parse("p.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entries, masked := pol.Usage(); len(masked) != 1 || entries != 2000*3*2 {
+		t.Fatalf("2,000 rules of a list and two prefixes, two ports each: %d lists taking a bit, %d entries; want 1 and 12,000", len(masked), entries)
+	}
+	b.Reset()
+	b.WriteString("lists:\n")
+	for i := range MaxLists + 1 {
+		fmt.Fprintf(&b, "  l%d: {prefixes: [10.0.%d.0/24]}\n", i, i)
+	}
+	b.WriteString("rules:\n")
+	for i := range MaxLists + 1 {
+		fmt.Fprintf(&b, "  - {name: r%d, src: [l%d, 192.0.2.%d], action: drop}\n", i, i, i)
 	}
 	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rules refer to %d distinct lists", MaxLists+1)) {
-		t.Fatalf("%d prefixes beside a list: got %v", MaxLists, err)
+		t.Fatalf("%d lists: got %v", MaxLists+1, err)
 	}
 }
 
@@ -189,7 +205,7 @@ default: pass
 		}
 	}
 	web := pol.Rules[3]
-	if web.Action != Syncookie || web.Proto != protoTCP || !slices.Equal(web.Dport, []Range{{80, 80}, {443, 443}, {8000, 8010}}) {
+	if web.Action != Syncookie || !web.ProtoIs(protoTCP) || !slices.Equal(web.Dport, []Range{{80, 80}, {443, 443}, {8000, 8010}}) {
 		t.Errorf("web: %+v", web)
 	}
 	if k := web.MatchKey(); !strings.Contains(k, "dport=80,443,8000-8010") || !strings.Contains(k, "action=syncookie") {

@@ -63,6 +63,9 @@ func (l *RateLimit) String() string {
 // DSCP values or flow labels.
 type Range struct{ Lo, Hi uint32 }
 
+// Has reports whether v is in the range.
+func (r Range) Has(v uint32) bool { return v >= r.Lo && v <= r.Hi }
+
 func (r Range) String() string {
 	if r.Lo == r.Hi {
 		return fmt.Sprint(r.Lo)
@@ -134,7 +137,7 @@ type Rule struct {
 	Src      []string // names of lists; inline prefixes become lists of their own
 	Dst      []string
 	Family   int     // 0 (any), 4 or 6
-	Proto    int     // -1 (any) or an IP protocol number
+	Proto    *Range  // IP protocol numbers (IPv6: the upper layer's); nil matches any
 	Sport    []Range // any of them; nil matches any
 	Dport    []Range
 	Length   *Range
@@ -165,6 +168,23 @@ type Rule struct {
 	// is one rule so, with one counter and one rate.
 	Alt []Rule
 }
+
+// protoKey is the protocol as MatchKey has always written it: -1 for any.
+func (r *Rule) protoKey() string {
+	if r.Proto == nil {
+		return "-1"
+	}
+	return r.Proto.String()
+}
+
+// ProtoIs reports whether the rule matches protocol p alone.
+func (r *Rule) ProtoIs(p int) bool { return r.Proto != nil && *r.Proto == One(p) }
+
+// ProtoAllows reports whether the rule may match protocol p.
+func (r *Rule) ProtoAllows(p int) bool { return r.Proto == nil || r.Proto.Has(uint32(p)) }
+
+// One is the range of v alone.
+func One(v int) Range { return Range{Lo: uint32(v), Hi: uint32(v)} }
 
 // Alternatives are what the rule matches: its Alt, or itself.
 func (r *Rule) Alternatives() []Rule {
@@ -197,7 +217,7 @@ func (r *Rule) actionKey() string {
 
 func (r *Rule) matchKey() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "src=%s;dst=%s;family=%d;proto=%d", strings.Join(r.Src, ","), strings.Join(r.Dst, ","), r.Family, r.Proto)
+	fmt.Fprintf(&b, "src=%s;dst=%s;family=%d;proto=%s", strings.Join(r.Src, ","), strings.Join(r.Dst, ","), r.Family, r.protoKey())
 	for _, f := range []struct {
 		k string
 		r []Range
@@ -245,12 +265,15 @@ func formatRanges(rs []Range) string {
 	return strings.Join(parts, ",")
 }
 
-// Entries is how many match entries of the data plane the rule takes: one
-// per pair of its source and destination port ranges.
-func (r *Rule) Entries() int {
+// Entries is how many match entries of the data plane the rule takes, its
+// lists and inline prefixes among lists: one per pair of its source and
+// destination port ranges, for each pair of ways of checking its sides
+// (SplitSide).
+func (r *Rule) Entries(lists map[string]*List) int {
 	n := 0
 	for _, a := range r.Alternatives() {
-		n += max(1, len(a.Sport)) * max(1, len(a.Dport))
+		n += max(1, len(a.Sport)) * max(1, len(a.Dport)) *
+			sideEntries(a.Src, a.SrcBits, lists) * sideEntries(a.Dst, a.DstBits, lists)
 	}
 	return n
 }
@@ -329,7 +352,7 @@ const (
 func (pol *Policy) Usage() (entries int, lists map[string]bool) {
 	lists = map[string]bool{}
 	for _, r := range pol.Rules {
-		entries += r.Entries()
+		entries += r.Entries(pol.Lists)
 		for _, a := range r.Alternatives() {
 			for _, n := range MaskedLists(&a, pol.Lists) {
 				lists[n] = true
@@ -340,33 +363,39 @@ func (pol *Policy) Usage() (entries int, lists map[string]bool) {
 }
 
 // MaskedLists are the lists rule alternative a names that take a bit of
-// the membership mask: all of them but an inline prefix its entries check
-// by the prefix's bits (InlinePrefix).
+// the membership mask: all of them but its inline prefixes (SplitSide).
 func MaskedLists(a *Rule, lists map[string]*List) []string {
-	var out []string
-	for _, side := range []struct {
-		refs []string
-		bits *AddrBits
-	}{{a.Src, a.SrcBits}, {a.Dst, a.DstBits}} {
-		if _, ok := InlinePrefix(side.refs, side.bits, lists); !ok {
-			out = append(out, side.refs...)
-		}
-	}
-	return out
+	masked, _ := SplitSide(a.Src, a.SrcBits, lists)
+	dst, _ := SplitSide(a.Dst, a.DstBits, lists)
+	return append(masked, dst...)
 }
 
-// InlinePrefix is the prefix a side of a rule alternative (its lists and
-// address bits) names, when the data plane checks it by its bits in the
-// rule's entries, not as a list: an inline prefix named alone, beside no
-// address bits. Such prefixes take no bit of the membership mask, so that
-// a feed of many victims' prefixes fits.
-func InlinePrefix(refs []string, bits *AddrBits, lists map[string]*List) (netip.Prefix, bool) {
-	if len(refs) != 1 || bits != nil {
-		return netip.Prefix{}, false
+// SplitSide is a side of a rule alternative (its lists and address bits)
+// as the data plane checks it: the named lists together, by their bits of
+// the membership mask, and each inline prefix apart, in entries of its own
+// that compare the address's bits. So inline prefixes take no bit, and a
+// policy names any number of them, as a feed of victims' prefixes does.
+// A side with address bits (a BGP FlowSpec prefix with an offset) has no
+// room in its entries for a prefix: its lists are all masked.
+func SplitSide(refs []string, bits *AddrBits, lists map[string]*List) (masked []string, inline []netip.Prefix) {
+	for _, n := range refs {
+		if l := lists[n]; bits == nil && l != nil && l.Inline.IsValid() {
+			inline = append(inline, l.Inline)
+		} else {
+			masked = append(masked, n)
+		}
 	}
-	l := lists[refs[0]]
-	if l == nil || !l.Inline.IsValid() {
-		return netip.Prefix{}, false
+	return masked, inline
+}
+
+// sideEntries is how many ways the data plane checks a side (SplitSide):
+// its masked lists as one, each inline prefix as one; a side naming
+// nothing is one that any address passes.
+func sideEntries(refs []string, bits *AddrBits, lists map[string]*List) int {
+	masked, inline := SplitSide(refs, bits, lists)
+	n := len(inline)
+	if len(masked) > 0 {
+		n++
 	}
-	return l.Inline, true
+	return max(1, n)
 }

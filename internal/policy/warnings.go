@@ -41,7 +41,7 @@ func unreachable(file string, pol *Policy) []Error {
 
 // matchesAll reports whether the rule matches every IP frame.
 func (r *Rule) matchesAll() bool {
-	return len(r.Alt) == 0 && len(r.Src) == 0 && len(r.Dst) == 0 && r.Family == 0 && r.Proto < 0 && r.Length == nil && !r.NeedsL4Header() &&
+	return len(r.Alt) == 0 && len(r.Src) == 0 && len(r.Dst) == 0 && r.Family == 0 && r.Proto == nil && r.Length == nil && !r.NeedsL4Header() &&
 		r.ICMPType == nil && r.ICMPCode == nil && r.DSCP == nil && r.FlowLabel == nil && r.SrcBits == nil && r.DstBits == nil && !r.HasFrag
 }
 

@@ -197,7 +197,7 @@ func splitByOrigin(pol *policy.Policy, list string, byOrigin map[string][]netip.
 					refs[l] = true
 				}
 			}
-			entries += c.Entries()
+			entries += c.Entries(pol.Lists)
 			rules = append(rules, c)
 		}
 	}

@@ -81,7 +81,7 @@ const MaxRulesPerRoute = 64
 // missing. A route that can never match gives no rule; nor does one with
 // Continue and accept, which does nothing.
 func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]policy.Rule, error) {
-	base := policy.Rule{Name: name, Proto: -1, Family: 4}
+	base := policy.Rule{Name: name, Family: 4}
 	if r.IPv6 {
 		base.Family = 6
 	}
@@ -230,12 +230,10 @@ func Rules(r *Route, a Action, name string, lists map[string]*policy.List) ([]po
 	}
 	if !slices.Equal(protos, []policy.Range{{Lo: 0, Hi: 255}}) {
 		var err error
-		variants, err = multiply(variants, count(protos), func(v policy.Rule, out *[]policy.Rule) {
+		variants, err = multiply(variants, len(protos), func(v policy.Rule, out *[]policy.Rule) {
 			for _, rg := range protos {
-				for p := int(rg.Lo); p <= int(rg.Hi); p++ {
-					v.Proto = p
-					*out = append(*out, v)
-				}
+				v.Proto = &rg
+				*out = append(*out, v)
 			}
 		})
 		if err != nil {
@@ -289,14 +287,6 @@ func multiply(vs []policy.Rule, each int, f func(policy.Rule, *[]policy.Rule)) (
 		f(v, &out)
 	}
 	return out, nil
-}
-
-func count(rs []policy.Range) int {
-	n := 0
-	for _, r := range rs {
-		n += int(r.Hi-r.Lo) + 1
-	}
-	return n
 }
 
 // orAll is a side's ranges, or the whole domain when it has none.

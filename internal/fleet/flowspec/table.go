@@ -321,7 +321,7 @@ func Place(pol *policy.Policy, entries []*Entry) {
 		}
 		n, newRefs := 0, map[string]bool{}
 		for _, r := range rs {
-			n += r.Entries()
+			n += r.Entries(pol.Lists)
 			for _, a := range r.Alternatives() {
 				for _, l := range policy.MaskedLists(&a, pol.Lists) {
 					if !refs[l] {

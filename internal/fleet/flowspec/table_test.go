@@ -71,7 +71,7 @@ func TestTable(t *testing.T) {
 	for i := range policy.MaxLists {
 		p := netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})
 		pol.Lists["l"+p.String()] = policy.NewList("l"+p.String(), []netip.Prefix{netip.PrefixFrom(p, 32)})
-		pol.Rules = append(pol.Rules, policy.Rule{Name: "r" + p.String(), Src: []string{"l" + p.String()}, Proto: -1, Action: policy.Drop})
+		pol.Rules = append(pol.Rules, policy.Rule{Name: "r" + p.String(), Src: []string{"l" + p.String()}, Action: policy.Drop})
 	}
 	Place(pol, es)
 	if es[0].State != StateInstalled {
@@ -83,8 +83,9 @@ func TestTable(t *testing.T) {
 	for i := range ports {
 		ports[i] = policy.Range{Lo: uint32(i), Hi: uint32(i)}
 	}
+	tcp := policy.One(6)
 	for i := 0; i < policy.MaxRules/len(ports); i++ {
-		pol.Rules = append(pol.Rules, policy.Rule{Name: fmt.Sprint("r", i), Proto: 6, Dport: ports, Action: policy.Drop})
+		pol.Rules = append(pol.Rules, policy.Rule{Name: fmt.Sprint("r", i), Proto: &tcp, Dport: ports, Action: policy.Drop})
 	}
 	Place(pol, es)
 	if es[0].State != StateNoRoom || len(pol.Lists) != 0 {
