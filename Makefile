@@ -40,7 +40,7 @@ check-generated: generate
 # tests in guests of Linux 6.1 and 6.12 under qemu (scripts/kernels.sh). Privileged tiers need
 # root; with RAMPART_REQUIRE_PRIVILEGED=1 they fail instead of skipping.
 test: lint check-generated
-	$(GO) test -count=1 ./...
+	$(GO) test -count=1 -timeout 30m ./...
 	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run 'TestDelayLine$$' -v ./internal/tune
 	bash scripts/kernels.sh
 

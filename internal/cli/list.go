@@ -171,6 +171,9 @@ func (g *globals) revert(list string, prefixes []netip.Prefix) error {
 		if removed, err = fw.RevertList(list, prefixes); err != nil {
 			return err
 		}
+		if owed, err := fw.FoldOwed(); err == nil && owed {
+			fmt.Fprintln(g.env.Stderr, "warning: rampart serve compiled some of these changes into the tables; they hold until the policy is applied again (start the service, or rampart apply)")
+		}
 	}
 	if len(removed) == 0 && !g.json {
 		return errors.New("no live change matched: nothing was reverted (rampart list show lists them)")

@@ -31,6 +31,10 @@ type ApplyRequest struct {
 	// deadline, the previous policies come back by themselves, even if this
 	// process dies. Zero confirms before Apply returns.
 	Confirm time.Duration
+	// Fold, when set, says which lists' live changes to compile into the
+	// tables (fold.go) instead of the overlay: the daemon folds them in
+	// the background as they pile up.
+	Fold func(list string) bool
 }
 
 // Applied is one hook an apply changed.
@@ -170,6 +174,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 			res.LiveChanges = append(res.LiveChanges, op)
 		}
 	}
+	folded := foldOps(ops, pols, req.Fold)
 	// The flood key is read (from the live generation's record) only for
 	// a new program: a new generation keeps its program's.
 	var key [2]uint64
@@ -202,6 +207,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 		defer objs.Close()
 		loaded[i].objs, loaded[i].meta = objs, describe(pol, img, <-hash)
+		loaded[i].meta.FoldedSeq, loaded[i].meta.Folded = folded.of(pol)
 		if fresh { // else a new generation of a program: install takes its last one's key
 			loaded[i].meta.FloodKey = key
 		}

@@ -92,6 +92,11 @@ type generation struct {
 	// FloodKey keys the program's SYN cookies and flood tables; the next
 	// generation takes it over (state is root's alone, as the maps are).
 	FloodKey [2]uint64 `json:"flood_key"`
+	// FoldedSeq and Folded: the live list changes compiled into the
+	// tables (fold.go), those without a TTL of the lists Folded names up
+	// to FoldedSeq; Folded counts them by list.
+	FoldedSeq uint64         `json:"folded_seq,omitempty"`
+	Folded    map[string]int `json:"folded,omitempty"`
 }
 
 // syncookie reports whether the generation answers SYNs with cookies, which

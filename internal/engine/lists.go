@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/gob"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -38,6 +39,7 @@ func (fw *Firewall) readOps() ([]policy.ListOp, error) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		_, err = readJSON(fw.legacyOpsPath(), &ops)
+		numberOps(ops)
 		return ops, err
 	case err != nil:
 		return nil, needRoot(err)
@@ -45,7 +47,40 @@ func (fw *Firewall) readOps() ([]policy.ListOp, error) {
 	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&ops); err != nil {
 		return nil, fmt.Errorf("%s: %w", fw.opsPath(), err)
 	}
+	numberOps(ops)
 	return ops, nil
+}
+
+// numberOps gives the ops an earlier release journaled, without sequence
+// numbers, theirs in the journal's order (none of them was folded).
+func numberOps(ops []policy.ListOp) {
+	next := nextSeq(ops)
+	for i := range ops {
+		if ops[i].Seq == 0 {
+			ops[i].Seq, next = next, next+1
+		}
+	}
+}
+
+// nextSeq is the sequence number of the next op appended to ops.
+func nextSeq(ops []policy.ListOp) uint64 {
+	var last uint64
+	for _, op := range ops {
+		last = max(last, op.Seq)
+	}
+	return last + 1
+}
+
+// seqPath keeps the last sequence number given: a number is never given
+// twice, even after the journal was emptied, since a generation's tables
+// may hold the changes up to one (foldedSeq).
+func (fw *Firewall) seqPath() string { return filepath.Join(fw.scopeState(), "list-ops-seq.json") }
+
+// nextSeqOf is the sequence number of the next change appended to ops.
+func (fw *Firewall) nextSeqOf(ops []policy.ListOp) (uint64, error) {
+	var last uint64
+	_, err := readJSON(fw.seqPath(), &last)
+	return max(nextSeq(ops), last+1), err
 }
 
 // liveOps reads the changes that have not expired.
@@ -69,6 +104,14 @@ func (fw *Firewall) saveOps(ops []policy.ListOp) error {
 	if err := writeFile(fw.opsPath(), b.Bytes()); err != nil {
 		return err
 	}
+	next, err := fw.nextSeqOf(ops)
+	if err != nil {
+		return err
+	}
+	last, _ := json.Marshal(next - 1) // a number cannot fail to encode
+	if err := writeFile(fw.seqPath(), last); err != nil {
+		return err
+	}
 	return removeFile(fw.legacyOpsPath())
 }
 
@@ -84,6 +127,9 @@ type ListChange struct {
 type ListChanged struct {
 	Hooks   []Hook
 	Expires time.Time // zero without a TTL
+	// Overlay is how many changes the largest overlay of those hooks
+	// holds: those no apply folded into the tables (fold.go).
+	Overlay int
 }
 
 // ChangeList adds prefixes to a live list or removes them from it, on every
@@ -136,17 +182,22 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 	if len(ops) != len(held) {
 		added = nil
 	}
-	for _, p := range c.Prefixes {
-		ops = append(ops, policy.ListOp{List: c.List, Prefix: p, Add: c.Add, Expires: res.Expires})
+	seq, err := fw.nextSeqOf(held)
+	if err != nil {
+		return nil, err
 	}
-	res.Hooks, err = fw.refreshOverlays(ops, c.List, added)
+	for _, p := range c.Prefixes {
+		ops = append(ops, policy.ListOp{List: c.List, Prefix: p, Add: c.Add, Expires: res.Expires, Seq: seq})
+		seq++
+	}
+	res.Hooks, res.Overlay, err = fw.refreshOverlays(ops, c.List, added)
 	if err == nil {
 		err = fw.saveOps(ops)
 	}
 	if err != nil {
 		// Back to what the journal holds, so that the next change's delta
 		// starts from it.
-		_, undo := fw.refreshOverlays(unexpired(held, time.Now()), "", nil)
+		_, _, undo := fw.refreshOverlays(unexpired(held, time.Now()), "", nil)
 		return nil, errors.Join(err, undo)
 	}
 	if c.TTL > 0 {
@@ -186,6 +237,10 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 	}
 	used := map[string]bool{}
 	touched, n := map[string]bool{}, 0
+	seq, err := fw.nextSeqOf(ops)
+	if err != nil {
+		return 0, err
+	}
 	for _, op := range unexpired(saved, time.Now()) {
 		inUse, known := used[op.List]
 		if !known {
@@ -197,12 +252,13 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 			continue
 		}
 		held[keyOf(op)] = true
+		op.Seq, seq = seq, seq+1 // a new change here: nothing folded it
 		ops = append(ops, op)
 		touched[op.List] = true
 		n++
 	}
 	for list := range touched {
-		if _, err := fw.refreshOverlays(ops, list, nil); err != nil {
+		if _, _, err := fw.refreshOverlays(ops, list, nil); err != nil {
 			return 0, err
 		}
 	}
@@ -243,7 +299,7 @@ func (fw *Firewall) RevertList(list string, prefixes []netip.Prefix) ([]policy.L
 		}
 		return hit
 	})
-	if _, err := fw.refreshOverlays(kept, "", nil); err != nil {
+	if _, _, err := fw.refreshOverlays(kept, "", nil); err != nil {
 		return nil, err
 	}
 	return removed, fw.saveOps(kept)
@@ -289,19 +345,20 @@ func (fw *Firewall) listUsers(name string) ([]listUser, []string, error) {
 }
 
 // refreshOverlays rewrites the overlay of every hook (every hook using the
-// list, when one is named) from ops. With added, the prefixes of ops just
-// appended, only the entries those ops change are written: a ban costs
-// what it changes, not what the overlay holds.
-func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []netip.Prefix) ([]Hook, error) {
+// list, when one is named) from ops, less what its generation folded into
+// its tables. With added, the prefixes of ops just appended, only the
+// entries those ops change are written: a ban costs what it changes, not
+// what the overlay holds. It returns the hooks and the most changes an
+// overlay of theirs holds.
+func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []netip.Prefix) (touched []Hook, most int, err error) {
 	hooks, err := fw.hooks()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var touched []Hook
 	for _, h := range hooks {
 		st, err := fw.state(h)
 		if err != nil {
-			return touched, err
+			return touched, most, err
 		}
 		n := fw.newest(h, st)
 		g, err := fw.readGen(h, n)
@@ -317,22 +374,30 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []ne
 		}
 		objs, err := datapath.LoadPinned(fw.genPins(h, n))
 		if err != nil {
-			return touched, err
+			return touched, most, err
 		}
+		held := g.overlayOps(ops)
+		inUse := 0
+		for _, op := range held {
+			if _, ok := g.Lists[op.List]; ok {
+				inUse++
+			}
+		}
+		most = max(most, inUse)
 		if added != nil {
-			v4, v6 := compile.Overlay(bits, overlapping(ops, added))
+			v4, v6 := compile.Overlay(bits, overlapping(held, added))
 			err = objs.AddOverlay(v4, v6)
 		} else {
-			v4, v6 := compile.Overlay(bits, ops)
+			v4, v6 := compile.Overlay(bits, held)
 			err = objs.ReplaceOverlay(v4, v6)
 		}
 		objs.Close()
 		if err != nil {
-			return touched, fmt.Errorf("%s: %w", h, err)
+			return touched, most, fmt.Errorf("%s: %w", h, err)
 		}
 		touched = append(touched, h)
 	}
-	return touched, nil
+	return touched, most, nil
 }
 
 // overlapping returns the ops whose prefixes contain or lie in one of the
@@ -406,7 +471,7 @@ func (fw *Firewall) expireLocked() (bool, error) {
 	}
 	live := unexpired(slices.Clone(all), time.Now())
 	if len(live) != len(all) {
-		if _, err := fw.refreshOverlays(live, "", nil); err != nil {
+		if _, _, err := fw.refreshOverlays(live, "", nil); err != nil {
 			return true, err
 		}
 		if err := fw.saveOps(live); err != nil {

@@ -170,6 +170,7 @@ func TestLegacyOpsFile(t *testing.T) {
 	if err := writeJSON(fw.legacyOpsPath(), []policy.ListOp{old}); err != nil {
 		t.Fatal(err)
 	}
+	old.Seq = 1 // numbered as read, in the file's order
 	if ops, err := fw.Changes(); err != nil || len(ops) != 1 || ops[0] != old {
 		t.Fatalf("changes from the JSON file: %+v, %v", ops, err)
 	}

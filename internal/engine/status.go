@@ -38,20 +38,22 @@ const (
 
 // HookStatus is what runs on a hook.
 type HookStatus struct {
-	Iface           string        `json:"iface"`
-	Netns           string        `json:"netns,omitempty"`
-	Direction       string        `json:"direction"`
-	Mode            datapath.Mode `json:"mode"`
-	Attached        bool          `json:"attached"`
-	State           string        `json:"state"`
-	Fix             string        `json:"fix,omitempty"` // the command that puts a broken hook right
-	Generation      int           `json:"generation"`
-	PolicyFile      string        `json:"policy_file"`
-	PolicyHash      string        `json:"policy_hash"`
-	AppliedAt       time.Time     `json:"applied_at"`
-	Rules           int           `json:"rules"`
-	ConfirmDeadline *time.Time    `json:"confirm_deadline,omitempty"`
-	Problem         string        `json:"problem,omitempty"` // what could not be read
+	Iface      string        `json:"iface"`
+	Netns      string        `json:"netns,omitempty"`
+	Direction  string        `json:"direction"`
+	Mode       datapath.Mode `json:"mode"`
+	Attached   bool          `json:"attached"`
+	State      string        `json:"state"`
+	Fix        string        `json:"fix,omitempty"` // the command that puts a broken hook right
+	Generation int           `json:"generation"`
+	PolicyFile string        `json:"policy_file"`
+	PolicyHash string        `json:"policy_hash"`
+	AppliedAt  time.Time     `json:"applied_at"`
+	Rules      int           `json:"rules"`
+	// FoldedChanges: live list changes compiled into the tables (fold.go).
+	FoldedChanges   int        `json:"folded_changes,omitempty"`
+	ConfirmDeadline *time.Time `json:"confirm_deadline,omitempty"`
+	Problem         string     `json:"problem,omitempty"` // what could not be read
 }
 
 // Status reports every hook of the namespace as the kernel runs it.
@@ -65,6 +67,9 @@ func (fw *Firewall) Status() ([]HookStatus, error) {
 		g, gerr := fw.readGen(h, fw.newest(h, st))
 		if g != nil {
 			hs.Mode, hs.Generation, hs.PolicyFile, hs.PolicyHash, hs.AppliedAt, hs.Rules = g.Mode, g.N, g.PolicyFile, g.PolicyHash, g.AppliedAt, len(g.Rules)
+			for _, n := range g.Folded {
+				hs.FoldedChanges += n
+			}
 		}
 		hs.State, hs.Fix = fw.judge(h, st)
 		if gerr != nil && (hs.State == StateActive || hs.State == StateUnconfirmed) {

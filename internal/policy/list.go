@@ -37,6 +37,10 @@ type ListOp struct {
 	Prefix  netip.Prefix `json:"prefix"`
 	Add     bool         `json:"add"`
 	Expires time.Time    `json:"expires,omitzero"` // zero: never
+	// Seq numbers the ops of a namespace's journal in the order they were
+	// made: a generation that compiled ops into its tables names the last
+	// it took.
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 // Contains reports whether addr is in the list, ops included.

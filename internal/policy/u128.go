@@ -41,6 +41,12 @@ func (u U128) Add1() U128 {
 	return U128{u.Hi + carry, lo}
 }
 
+// Sub1 is u-1 (wrapping at 0).
+func (u U128) Sub1() U128 {
+	lo, borrow := bits.Sub64(u.Lo, 1, 0)
+	return U128{u.Hi - borrow, lo}
+}
+
 // Max128 is the largest address.
 var Max128 = U128{^uint64(0), ^uint64(0)}
 

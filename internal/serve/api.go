@@ -55,6 +55,9 @@ func (d *Daemon) apiHandler() http.Handler {
 		removed, err := d.fw.RevertList(req.List, prefixes)
 		d.mu.Unlock()
 		d.persistChanges()
+		if owed, ferr := d.fw.FoldOwed(); ferr == nil {
+			d.askFold(0, owed) // reverted changes the tables hold go at the fold
+		}
 		reply(w, map[string]any{"removed": nonNil(removed)}, err)
 	})
 	mux.HandleFunc("GET /v1/changes", func(w http.ResponseWriter, r *http.Request) {
@@ -228,6 +231,7 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 		reply(w, nil, err)
 		return
 	}
+	d.askFold(res.Overlay, false)
 	out := map[string]any{"hooks": res.Hooks}
 	if !res.Expires.IsZero() {
 		out["expires"] = res.Expires
@@ -364,5 +368,6 @@ func (d *Daemon) restoreChanges() error {
 	if n > 0 {
 		d.log.Info("live list changes restored", "changes", n, "from", d.persistPath())
 	}
+	d.askFold(n, false)
 	return err
 }

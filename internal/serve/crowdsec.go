@@ -258,8 +258,10 @@ func (d *Daemon) afterReload(pol *policy.Policy) {
 
 // ownsList says whether a list is the CrowdSec feed's (its own, or one of
 // its origins').
-func (f *feed) ownsList(list string) bool {
-	c := f.cfg
+func (f *feed) ownsList(list string) bool { return fedBy(f.cfg, list) }
+
+// fedBy says whether a list is fed by the CrowdSec section c (nil: none).
+func fedBy(c *policy.CrowdSec, list string) bool {
 	return c != nil && (list == c.List || strings.HasPrefix(list, c.List+"/"))
 }
 

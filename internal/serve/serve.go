@@ -68,11 +68,37 @@ type Daemon struct {
 
 	cs *feed   // the CrowdSec decision stream, when the policy has one
 	fs *fsFeed // the BGP FlowSpec routes, when the policy has a speaker
+
+	// foldNow asks for a reload that folds the live list changes into the
+	// tables (engine's fold.go): the overlay has grown past overlayFoldAt,
+	// or a folded change was reverted.
+	foldNow chan struct{}
+}
+
+// overlayFoldAt is how many live changes the overlay may hold before a
+// reload folds them into the tables: past a few, a listed address costs
+// an overlay probe per prefix length beside the tables' read, and a
+// change rewrites more of the journal.
+const overlayFoldAt = 1000
+
+// foldDelay batches the folds a burst of changes asks for into one reload.
+const foldDelay = time.Second
+
+// askFold asks for a fold when the overlay holds overlay changes or more,
+// or a folded change was undone (owed).
+func (d *Daemon) askFold(overlay int, owed bool) {
+	if overlay >= overlayFoldAt || owed {
+		select {
+		case d.foldNow <- struct{}{}:
+		default: // one is asked for already
+		}
+	}
 }
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
-	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed(), fs: newFSFeed()}
+	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed(), fs: newFSFeed(),
+		foldNow: make(chan struct{}, 1)}
 	if d.log == nil {
 		d.log = slog.Default()
 	}
@@ -156,7 +182,7 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 		opt.Ready()
 	}
 	d.log.Info("serving", "policy", opt.PolicyFile, "ifaces", opt.Ifaces, "metrics", opt.Listen, "api", opt.APISocket)
-	var debounce <-chan time.Time
+	var debounce, fold <-chan time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -189,6 +215,13 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 			d.rewatch(watch)
 		case u := <-links:
 			d.link(u)
+		case <-d.foldNow:
+			if fold == nil {
+				fold = time.After(foldDelay)
+			}
+		case <-fold:
+			fold = nil
+			d.reload("fold live list changes")
 		}
 	}
 }
@@ -216,7 +249,13 @@ func (d *Daemon) reloadLocked(why string) error {
 		policyOf, err = d.flowspecRules(pol, why == "start")
 	}
 	if err == nil {
-		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, PolicyOf: policyOf, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress})
+		// Every list's live changes are folded in, but the CrowdSec
+		// feed's: its rebuilds put them in the list itself.
+		d.cs.mu.Lock()
+		cs := d.cs.cfg
+		d.cs.mu.Unlock()
+		fold := func(list string) bool { return !fedBy(cs, list) }
+		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, PolicyOf: policyOf, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress, Fold: fold})
 	}
 	d.lastReload, d.lastOK = time.Now(), err == nil
 	d.reloads[err == nil]++
