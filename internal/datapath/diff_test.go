@@ -181,8 +181,17 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 		f = append(f, fmt.Sprintf("name: r%d", i))
 		proto := ""
 		if rng.IntN(2) == 0 {
-			proto = []string{"tcp", "udp", "icmp", "icmpv6", "47", "0-17", "17-58"}[rng.IntN(7)]
-			f = append(f, "proto: "+proto)
+			proto = []string{"tcp", "udp", "icmp", "icmpv6", "47"}[rng.IntN(5)]
+			// Some as ranges, each holding the one protocol of the frames
+			// its name stands for: as narrow a rule, through the ranges.
+			text := proto
+			switch {
+			case proto == "47":
+				text = "46-50"
+			case proto == "udp" && i%3 == 0:
+				text = "17-18"
+			}
+			f = append(f, "proto: "+text)
 		}
 		if rng.IntN(3) == 0 && proto != "icmp" && proto != "icmpv6" {
 			f = append(f, fmt.Sprintf("family: %d", []int{4, 6}[rng.IntN(2)]))
