@@ -44,10 +44,17 @@ func Load(path string, opt Options) (*Policy, error) {
 	// Reading list files leaves garbage as large as the lists (each CPU's
 	// section of a file before the sections merge). Collected now, it does
 	// not set the heap goal of what comes next, the tables' build: peak
-	// memory for ten million IPv6 prefixes falls by a third.
-	runtime.GC()
+	// memory for ten million IPv6 prefixes falls by a third. Small lists
+	// leave too little to be worth a collection's pause.
+	if pol != nil && slices.ContainsFunc(pol.ListNames(), func(n string) bool { return pol.Lists[n].Entries >= bigList }) {
+		runtime.GC()
+	}
 	return pol, err
 }
+
+// bigList is the size of list whose reading leaves garbage worth
+// collecting before the tables are built.
+const bigList = 100_000
 
 // Parse validates policy text; path names it in errors and anchors list files.
 func Parse(path string, data []byte) (*Policy, error) { return parse(path, data, Options{}) }

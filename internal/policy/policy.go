@@ -66,11 +66,16 @@ type Range struct{ Lo, Hi uint32 }
 // Has reports whether v is in the range.
 func (r Range) Has(v uint32) bool { return v >= r.Lo && v <= r.Hi }
 
-func (r Range) String() string {
+func (r Range) String() string { return string(r.append(nil)) }
+
+// append appends the range as String writes it: strconv, not fmt, since
+// every rule's match key is written at every apply.
+func (r Range) append(b []byte) []byte {
+	b = strconv.AppendUint(b, uint64(r.Lo), 10)
 	if r.Lo == r.Hi {
-		return fmt.Sprint(r.Lo)
+		return b
 	}
-	return fmt.Sprintf("%d-%d", r.Lo, r.Hi)
+	return strconv.AppendUint(append(b, '-'), uint64(r.Hi), 10)
 }
 
 // AddrBits matches bits Offset to Prefix.Bits()-1 of an IPv6 address: an
@@ -169,14 +174,6 @@ type Rule struct {
 	Alt []Rule
 }
 
-// protoKey is the protocol as MatchKey has always written it: -1 for any.
-func (r *Rule) protoKey() string {
-	if r.Proto == nil {
-		return "-1"
-	}
-	return r.Proto.String()
-}
-
 // ProtoIs reports whether the rule matches protocol p alone.
 func (r *Rule) ProtoIs(p int) bool { return r.Proto != nil && *r.Proto == One(p) }
 
@@ -216,19 +213,41 @@ func (r *Rule) actionKey() string {
 }
 
 func (r *Rule) matchKey() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "src=%s;dst=%s;family=%d;proto=%s", strings.Join(r.Src, ","), strings.Join(r.Dst, ","), r.Family, r.protoKey())
+	// The common fields without fmt: a policy's every rule is keyed at
+	// every apply, twice (warnings, counters).
+	b := make([]byte, 0, 96)
+	b = append(append(b, "src="...), strings.Join(r.Src, ",")...)
+	b = append(append(b, ";dst="...), strings.Join(r.Dst, ",")...)
+	b = strconv.AppendInt(append(b, ";family="...), int64(r.Family), 10)
+	b = append(b, ";proto="...)
+	if r.Proto == nil {
+		b = append(b, "-1"...)
+	} else {
+		b = r.Proto.append(b)
+	}
 	for _, f := range []struct {
 		k string
 		r []Range
-	}{{"sport", r.Sport}, {"dport", r.Dport}} {
+	}{{";sport=", r.Sport}, {";dport=", r.Dport}} {
 		if f.r != nil {
-			fmt.Fprintf(&b, ";%s=%s", f.k, formatRanges(f.r))
+			b = append(b, f.k...)
+			for i, rg := range f.r {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = rg.append(b)
+			}
 		}
 	}
 	if r.Length != nil {
-		fmt.Fprintf(&b, ";length=%s", r.Length)
+		b = r.Length.append(append(b, ";length="...))
 	}
+	return string(b) + r.moreKey()
+}
+
+// moreKey is the rest of matchKey: fields fewer rules have.
+func (r *Rule) moreKey() string {
+	var b strings.Builder
 	if r.HasFlags {
 		fmt.Fprintf(&b, ";flags=%s", FormatTCPFlags(r.FlagsOn, r.FlagsOff))
 		if r.ResOn|r.ResOff != 0 {
@@ -255,14 +274,6 @@ func (r *Rule) matchKey() string {
 		fmt.Fprintf(&b, ";fragment=%s", FormatFragment(r.FragOn, r.FragOff))
 	}
 	return b.String()
-}
-
-func formatRanges(rs []Range) string {
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		parts[i] = r.String()
-	}
-	return strings.Join(parts, ",")
 }
 
 // Entries is how many match entries of the data plane the rule takes, its
