@@ -150,7 +150,8 @@ func TestDelayLineNetem(t *testing.T) {
 // connection from nsA to ipB in nsB gets over a line of rtt capped at
 // capRate bytes/s, measures it, then sets the buffers tune recommends and
 // measures again: the prediction must be within tolerance (a fraction),
-// and one connection must reach 90% of the cap after.
+// and one connection must reach 90% of the cap after, or of what ample
+// buffers get where the line, as the machine runs it, carries less.
 func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate, tolerance float64) {
 	t.Helper()
 	s, err := ReadTCP("/")
@@ -189,8 +190,21 @@ func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate,
 		after = transfer(t, nsA, nsB, ipB, max(60*rtt, 2*time.Second), span)
 		t.Logf("after tcp_rmem max %d: measured %.2f MB/s of a %.2f MB/s cap (%.1f%%)", r, after/1e6, capRate/1e6, 100*after/capRate)
 	}
-	if after < 0.9*capRate {
-		t.Errorf("after the recommended buffers one connection got %.2f MB/s, want ≥ 90%% of %.2f", after/1e6, capRate/1e6)
+	if after >= 0.9*capRate {
+		return
+	}
+	// Short of the cap: the line may carry less than its cap as this
+	// machine runs it (an emulated CPU: 81-86% at 20 ms in the kernel
+	// tier's guest). What one connection gets with buffers far past any
+	// need is then the line's own rate, measured in the same run; the
+	// recommended buffers must get 90% of that.
+	const ample = 64 << 20
+	testutil.Run(t, "ip", "netns", "exec", nsB, "sysctl", "-qw", fmt.Sprintf("net.ipv4.tcp_rmem=4096 131072 %d", ample))
+	testutil.Run(t, "ip", "netns", "exec", nsA, "sysctl", "-qw", fmt.Sprintf("net.ipv4.tcp_wmem=4096 16384 %d", ample))
+	line := transfer(t, nsA, nsB, ipB, max(60*rtt, 2*time.Second), span)
+	t.Logf("with %d MB buffers: measured %.2f MB/s (%.1f%% of the cap); the recommended ones got %.1f%% of that", ample>>20, line/1e6, 100*line/capRate, 100*after/line)
+	if after < 0.9*line {
+		t.Errorf("after the recommended buffers one connection got %.2f MB/s, want ≥ 90%% of the cap (%.2f) or of what ample buffers get (%.2f)", after/1e6, capRate/1e6, line/1e6)
 	}
 }
 
