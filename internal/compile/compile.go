@@ -12,7 +12,7 @@ import (
 
 // Build compiles pol. Only lists that rules refer to are loaded: each an
 // entry tests by membership gets one bit of the membership mask, and each
-// inline prefix an entry checks by its bits (policy.InlinePrefix) an id.
+// inline prefix an entry checks by its bits (policy.SplitSide) an id.
 func Build(pol *policy.Policy) *Image {
 	b := builder{pol: pol, bits: map[string]uint64{}, ids: map[netip.Prefix]uint32{}}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
