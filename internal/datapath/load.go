@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 
 	"github.com/cilium/ebpf"
 
@@ -520,11 +519,10 @@ func (o *Objects) IsLive() (bool, error) {
 
 // Activate makes o's maps those its programs read, at once for every
 // frame: they go into the slot no frame reads, then live flips to it.
-// Frames already running finish on the generation they started with; the
-// other slot is emptied once they have, so that the old generation's
-// memory goes with its pins. On an error o is not live: the generation
-// before it is. It costs two RCU grace periods: one for the new slot's
-// maps, one for the old slot's, which is also the wait for the frames.
+// Frames already running finish on the generation they started with; once
+// they have (an RCU grace period), the other slot is emptied, so that the
+// old generation's memory goes with its pins. On an error o is not live:
+// the generation before it is.
 func (o *Objects) Activate() error {
 	if live, err := o.IsLive(); err != nil || live {
 		return err
@@ -555,25 +553,12 @@ func (o *Objects) Activate() error {
 	if cur < 0 {
 		return nil
 	}
-	// Each delete waits, as every change of an array of maps does, for the
-	// frames running when it was made (graceperiod), which began after
-	// the flip: once one has returned, no frame reads the old generation.
-	// What a failed delete leaves, the next activation replaces.
-	var deleted atomic.Bool
-	eachOuter(gens, func(g genMap) error {
-		err := (*g.outer).Delete(uint32(cur))
-		if err == nil {
-			deleted.Store(true)
-		}
-		return err
-	})
-	if deleted.Load() {
-		return nil
-	}
 	if err := o.graceperiod(next); err != nil {
-		// Nothing was deleted: the last generation is whole, and stays live.
+		// The last generation is whole still: it stays live.
 		return errors.Join(err, o.setLive(uint32(cur)))
 	}
+	// What a failed delete leaves, the next activation replaces.
+	eachOuter(gens, func(g genMap) error { return (*g.outer).Delete(uint32(cur)) })
 	return nil
 }
 

@@ -207,7 +207,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 		defer objs.Close()
 		loaded[i].objs, loaded[i].meta = objs, describe(pol, img, <-hash)
-		loaded[i].meta.FoldedSeq, loaded[i].meta.Folded = folded.of(pol)
+		loaded[i].meta.FoldedSeq, loaded[i].meta.Folded = folded.of(img)
 		if fresh { // else a new generation of a program: install takes its last one's key
 			loaded[i].meta.FloodKey = key
 		}
@@ -547,6 +547,19 @@ func (fw *Firewall) swapBack(h Hook, from, to int) error {
 		return fmt.Errorf("%s: generation %d is gone, cannot go back to it: %w", h, to, err)
 	}
 	defer objs.Close()
+	// The live changes made since it was live reach its overlay (those it
+	// folded that were reverted since are owed a fold: FoldOwed).
+	ops, err := fw.liveOps()
+	if err != nil {
+		return err
+	}
+	bits := map[string]uint64{}
+	for name, info := range back.Lists {
+		bits[name] = info.Bit
+	}
+	if err := objs.ReplaceOverlay(compile.Overlay(bits, back.overlayOps(ops))); err != nil {
+		return fmt.Errorf("%s: the live list changes into generation %d: %w", h, to, err)
+	}
 	var current datapath.Mode
 	if g, err := fw.readGen(h, from); err == nil && g != nil {
 		current = g.Mode

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -52,12 +53,14 @@ func (g *generation) overlayOps(ops []policy.ListOp) []policy.ListOp {
 		rest := folded[list]
 		for len(frontier) > 0 && len(rest) > 0 {
 			hits := overlapping(rest, frontier)
-			frontier = frontier[:0]
+			pulled := make(map[uint64]bool, len(hits))
+			frontier = nil
 			for _, op := range hits {
+				pulled[op.Seq] = true
 				frontier = append(frontier, op.Prefix)
 			}
 			held = append(held, hits...)
-			rest = slices.DeleteFunc(rest, func(op policy.ListOp) bool { return slices.Contains(hits, op) })
+			rest = slices.DeleteFunc(rest, func(op policy.ListOp) bool { return pulled[op.Seq] })
 		}
 	}
 	// In the journal's order: the overlay's answer is the latest change.
@@ -123,18 +126,26 @@ func foldOps(ops []policy.ListOp, pols []*policy.Policy, want func(list string) 
 	return f
 }
 
-// of is the fold of the lists pol uses, as its generation records it.
-func (f *fold) of(pol *policy.Policy) (uint64, map[string]int) {
+// of is the fold of the lists img's rules use (img.Lists), as its
+// generation records it.
+func (f *fold) of(img *compile.Image) (uint64, map[string]int) {
 	if f == nil {
 		return 0, nil
 	}
 	count := map[string]int{}
 	for name, n := range f.count {
-		if pol.Lists[name] != nil {
+		if _, ok := img.Lists[name]; ok {
 			count[name] = n
 		}
 	}
 	return f.seq, count
+}
+
+// foldable reports whether a fold by the generation's apply would take op
+// and has not: no TTL, of a list it folds, after what it folded.
+func (g *generation) foldable(op policy.ListOp) bool {
+	_, ok := g.Folded[op.List]
+	return ok && op.Seq > g.FoldedSeq && op.Expires.IsZero()
 }
 
 // FoldOwed reports whether a generation live on some hook holds folded

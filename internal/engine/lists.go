@@ -38,28 +38,33 @@ func (fw *Firewall) readOps() ([]policy.ListOp, error) {
 	b, err := os.ReadFile(fw.opsPath())
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		_, err = readJSON(fw.legacyOpsPath(), &ops)
-		numberOps(ops)
-		return ops, err
+		if _, err = readJSON(fw.legacyOpsPath(), &ops); err != nil {
+			return nil, err
+		}
+		return ops, fw.numberOps(ops)
 	case err != nil:
 		return nil, needRoot(err)
 	}
 	if err := gob.NewDecoder(bytes.NewReader(b)).Decode(&ops); err != nil {
 		return nil, fmt.Errorf("%s: %w", fw.opsPath(), err)
 	}
-	numberOps(ops)
-	return ops, nil
+	return ops, fw.numberOps(ops)
 }
 
 // numberOps gives the ops an earlier release journaled, without sequence
-// numbers, theirs in the journal's order (none of them was folded).
-func numberOps(ops []policy.ListOp) {
-	next := nextSeq(ops)
+// numbers, theirs in the journal's order, after every number given (none
+// of them was folded).
+func (fw *Firewall) numberOps(ops []policy.ListOp) error {
+	if !slices.ContainsFunc(ops, func(op policy.ListOp) bool { return op.Seq == 0 }) {
+		return nil
+	}
+	next, err := fw.nextSeqOf(ops)
 	for i := range ops {
 		if ops[i].Seq == 0 {
 			ops[i].Seq, next = next, next+1
 		}
 	}
+	return err
 }
 
 // nextSeq is the sequence number of the next op appended to ops.
@@ -97,19 +102,21 @@ func (fw *Firewall) saveOps(ops []policy.ListOp) error {
 	if len(ops) == 0 {
 		return errors.Join(removeFile(fw.opsPath()), removeFile(fw.legacyOpsPath()))
 	}
-	var b bytes.Buffer
-	if err := gob.NewEncoder(&b).Encode(ops); err != nil {
-		return err
-	}
-	if err := writeFile(fw.opsPath(), b.Bytes()); err != nil {
-		return err
-	}
+	// The last number first: a journal is never written with numbers the
+	// file has not kept.
 	next, err := fw.nextSeqOf(ops)
 	if err != nil {
 		return err
 	}
 	last, _ := json.Marshal(next - 1) // a number cannot fail to encode
 	if err := writeFile(fw.seqPath(), last); err != nil {
+		return err
+	}
+	var b bytes.Buffer
+	if err := gob.NewEncoder(&b).Encode(ops); err != nil {
+		return err
+	}
+	if err := writeFile(fw.opsPath(), b.Bytes()); err != nil {
 		return err
 	}
 	return removeFile(fw.legacyOpsPath())
@@ -127,9 +134,10 @@ type ListChange struct {
 type ListChanged struct {
 	Hooks   []Hook
 	Expires time.Time // zero without a TTL
-	// Overlay is how many changes the largest overlay of those hooks
-	// holds: those no apply folded into the tables (fold.go).
-	Overlay int
+	// Foldable is how many changes the largest overlay of those hooks
+	// holds that a fold would take (fold.go): the daemon folds past a
+	// few.
+	Foldable int
 }
 
 // ChangeList adds prefixes to a live list or removes them from it, on every
@@ -190,7 +198,7 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		ops = append(ops, policy.ListOp{List: c.List, Prefix: p, Add: c.Add, Expires: res.Expires, Seq: seq})
 		seq++
 	}
-	res.Hooks, res.Overlay, err = fw.refreshOverlays(ops, c.List, added)
+	res.Hooks, res.Foldable, err = fw.refreshOverlays(ops, c.List, added)
 	if err == nil {
 		err = fw.saveOps(ops)
 	}
@@ -349,7 +357,7 @@ func (fw *Firewall) listUsers(name string) ([]listUser, []string, error) {
 // its tables. With added, the prefixes of ops just appended, only the
 // entries those ops change are written: a ban costs what it changes, not
 // what the overlay holds. It returns the hooks and the most changes an
-// overlay of theirs holds.
+// overlay of theirs holds that a fold would take.
 func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []netip.Prefix) (touched []Hook, most int, err error) {
 	hooks, err := fw.hooks()
 	if err != nil {
@@ -377,13 +385,13 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []ne
 			return touched, most, err
 		}
 		held := g.overlayOps(ops)
-		inUse := 0
+		foldable := 0
 		for _, op := range held {
-			if _, ok := g.Lists[op.List]; ok {
-				inUse++
+			if g.foldable(op) {
+				foldable++
 			}
 		}
-		most = max(most, inUse)
+		most = max(most, foldable)
 		if added != nil {
 			v4, v6 := compile.Overlay(bits, overlapping(held, added))
 			err = objs.AddOverlay(v4, v6)
@@ -442,12 +450,17 @@ func overlapping(ops []policy.ListOp, changed []netip.Prefix) []policy.ListOp {
 // dropUnusedOps forgets changes to lists no hook of the namespace uses any
 // more: detaching the last user of a list ends its live changes.
 func (fw *Firewall) dropUnusedOps() error {
-	ops, err := fw.readOps()
-	if err != nil || len(ops) == 0 {
-		return err
-	}
 	_, known, err := fw.listUsers("")
 	if err != nil {
+		return err
+	}
+	if len(known) == 0 {
+		// No generation has a list, nor folded a change: the numbers
+		// may start again, and detach leaves nothing.
+		return errors.Join(fw.saveOps(nil), removeFile(fw.seqPath()))
+	}
+	ops, err := fw.readOps()
+	if err != nil || len(ops) == 0 {
 		return err
 	}
 	return fw.saveOps(slices.DeleteFunc(ops, func(op policy.ListOp) bool { return !slices.Contains(known, op.List) }))

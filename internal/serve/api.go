@@ -231,7 +231,7 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 		reply(w, nil, err)
 		return
 	}
-	d.askFold(res.Overlay, false)
+	d.askFold(res.Foldable, false)
 	out := map[string]any{"hooks": res.Hooks}
 	if !res.Expires.IsZero() {
 		out["expires"] = res.Expires
