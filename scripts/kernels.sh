@@ -65,7 +65,6 @@ guest() {
     echo "$name: booting it again for the runs with no result"
     mv "$out/$name.console" "$out/$name.console.$try"
   done
-  report "$name"
   echo "$name: $(($(date +%s) - start))s"
 }
 
@@ -78,43 +77,61 @@ TCG="-accel tcg,thread=single"
 
 # RAMPART_GUESTS picks the guests: all (default), kernels or nics.
 guests="${RAMPART_GUESTS:-all}"
-if [ "$guests" != nics ]; then
-  for k in $RAMPART_KERNELS; do
-    guest "$k" "$k" "" --cpus 2
-  done
-fi
+kernels=()
+[ "$guests" != nics ] && read -r -a kernels <<<"$RAMPART_KERNELS"
 
 # The NIC guest: the newest kernel of the list with four 2-queue virtio_net
 # NICs (an MSI-X vector per queue) on 4 vCPUs, wired in pairs by bridges
 # here (NIC 0 with 2, 1 with 3), for what needs a real driver, bonding, fq
 # or gact.
-if [ "$guests" = kernels ]; then
-  echo "kernels: $passed passed, $failed failed (logs: $out)"
-  [ "$failed" -eq 0 ]
-  exit
-fi
 nic_kernel="${RAMPART_KERNELS##* }"
 taps=(rpk-tap0 rpk-tap1 rpk-tap2 rpk-tap3)
 cleanup_nics() {
   for dev in "${taps[@]}" rpk-br0 rpk-br1; do ip link del "$dev" 2>/dev/null || true; done
 }
-trap cleanup_nics EXIT
-cleanup_nics
-qemu=""
-for i in 0 1 2 3; do
-  ip tuntap add dev "${taps[$i]}" mode tap multi_queue
-  qemu+="-netdev tap,id=n$i,queues=2,vhost=off,script=no,downscript=no,ifname=${taps[$i]} "
-  qemu+="-device virtio-net-pci,netdev=n$i,mq=on,vectors=6,mac=52:54:00:72:70:0$i "
-done
-for b in 0 1; do
-  ip link add "rpk-br$b" type bridge
-  ip link set "rpk-br$b" up
-  for tap in "${taps[$b]}" "${taps[$((b + 2))]}"; do
-    sysctl -qw "net.ipv6.conf.$tap.disable_ipv6=1"
-    ip link set "$tap" master "rpk-br$b" up
+nics_guest() {
+  local qemu="" i b tap
+  trap cleanup_nics EXIT
+  cleanup_nics
+  for i in 0 1 2 3; do
+    ip tuntap add dev "${taps[$i]}" mode tap multi_queue
+    qemu+="-netdev tap,id=n$i,queues=2,vhost=off,script=no,downscript=no,ifname=${taps[$i]} "
+    qemu+="-device virtio-net-pci,netdev=n$i,mq=on,vectors=6,mac=52:54:00:72:70:0$i "
   done
+  for b in 0 1; do
+    ip link add "rpk-br$b" type bridge
+    ip link set "rpk-br$b" up
+    for tap in "${taps[$b]}" "${taps[$((b + 2))]}"; do
+      sysctl -qw "net.ipv6.conf.$tap.disable_ipv6=1"
+      ip link set "$tap" master "rpk-br$b" up
+    done
+  done
+  guest nics "$nic_kernel" "$qemu" --cpus 4 --disable-microvm
+}
+
+# Each guest is one host thread: with two CPUs or more, the newest kernel's
+# guest (the longest) boots beside the others, which run one after another.
+# Their lines are prefixed with the guest's name; results are counted when
+# all are done.
+lane() {
+  local k
+  for k in "$@"; do
+    if [ "$k" = nics ]; then nics_guest; else guest "$k" "$k" "" --cpus 2; fi
+  done
+}
+names=("${kernels[@]}")
+[ "$guests" != kernels ] && names+=(nics)
+if [ "$(nproc)" -ge 2 ] && [ "${#kernels[@]}" -ge 1 ] && [ "${#names[@]}" -ge 2 ]; then
+  last=$((${#kernels[@]} - 1))
+  lane "${kernels[$last]}" &
+  lane "${names[@]:0:$last}" "${names[@]:$((last + 1))}" &
+  wait
+else
+  lane "${names[@]}"
+fi
+for name in "${names[@]}"; do
+  report "$name"
 done
-guest nics "$nic_kernel" "$qemu" --cpus 4 --disable-microvm
 
 echo "kernels: $passed passed, $failed failed (logs: $out)"
 [ "$failed" -eq 0 ]

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -43,15 +44,81 @@ func TestDifferential(t *testing.T) {
 			rng := rand.New(rand.NewPCG(1, uint64(kind)))
 			const perPolicy = 5000
 			ran := 0
+			ps := &policies{t: t, kind: kind}
 			for ran < frames {
 				yaml := randomPolicy(rng)
-				l := load(t, kind, yaml)
+				l := ps.load(yaml)
 				n, _ := diffBatch(t, rng, l, min(perPolicy, frames-ran), yaml)
 				ran += n
-				l.objs.Close()
+				ps.done(l)
 			}
-			t.Logf("%s: %d frames agreed", kind, ran)
+			t.Logf("%s: %d frames agreed, %d policies: %d programs loaded, the others generations made live over them", kind, ran, ps.n, ps.programs)
 		})
+	}
+}
+
+// policies loads a run's policies as apply does: most become a generation
+// of a loaded program (datapath.LoadOver, then Activate: the maps change
+// under the program, nothing is verified); every freshEvery-th, and any
+// that fits none of the last keptShapes programs' shapes (SYN cookies or not,
+// tables' sizes), loads a program of its own, so that the verifier sees
+// programs of many shapes too.
+type policies struct {
+	t        *testing.T
+	kind     datapath.Kind
+	shapes   []*loaded // the last keptShapes programs loaded, each with its first generation
+	n        int       // policies loaded
+	programs int       // of them, with a program of their own
+}
+
+const (
+	freshEvery = 10
+	keptShapes = 8
+)
+
+func (ps *policies) load(yaml string) *loaded {
+	t := ps.t
+	t.Helper()
+	ps.n++
+	pol, err := policy.Parse("test.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := compile.Build(pol)
+	if ps.n%freshEvery != 0 {
+		for _, shape := range ps.shapes {
+			o, fits, err := datapath.LoadOver(shape.objs, img)
+			if err != nil {
+				t.Fatalf("LoadOver: %v\npolicy:\n%s", err, yaml)
+			}
+			if fits {
+				if err := o.Activate(); err != nil {
+					o.Close()
+					t.Fatalf("activate: %v", err)
+				}
+				return &loaded{pol, o, o.Program(ps.kind)}
+			}
+		}
+	}
+	if len(ps.shapes) == keptShapes {
+		ps.shapes[0].objs.Close()
+		ps.shapes = ps.shapes[1:]
+	}
+	objs, err := datapath.Load(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { objs.Close() })
+	l := &loaded{pol, objs, objs.Program(ps.kind)}
+	ps.shapes = append(ps.shapes, l)
+	ps.programs++
+	return l
+}
+
+// done closes what l holds unless it is a program policies keeps.
+func (ps *policies) done(l *loaded) {
+	if !slices.Contains(ps.shapes, l) {
+		l.objs.Close()
 	}
 }
 
