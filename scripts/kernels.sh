@@ -20,7 +20,7 @@ report() {
   local name="$1" verdict test secs
   if [ ! -s "$out/$name/results" ] || ! grep -q "RESULT .* done" "$out/$name.console"; then
     echo "$name: the guest gave no results (console: $out/$name.console)"
-    tail -20 "$out/$name.console"
+    tail -20 "$out/$name.console" 2>/dev/null || true
     failed=$((failed + 1))
     return
   fi
@@ -124,8 +124,23 @@ names=("${kernels[@]}")
 if [ "$(nproc)" -ge 2 ] && [ "${#kernels[@]}" -ge 1 ] && [ "${#names[@]}" -ge 2 ]; then
   last=$((${#kernels[@]} - 1))
   lane "${kernels[$last]}" &
+  lanes=($!)
   lane "${names[@]:0:$last}" "${names[@]:$((last + 1))}" &
+  lanes+=($!)
+  # Background jobs ignore Ctrl-C: an interrupted run stops the lanes'
+  # guests (timeout passes the signal on to each) and removes the NICs.
+  stop_lanes() {
+    for p in "${lanes[@]}"; do
+      pkill -TERM -P "$p" 2>/dev/null || true
+      kill "$p" 2>/dev/null || true
+    done
+    wait
+    cleanup_nics
+    exit 130
+  }
+  trap stop_lanes INT TERM
   wait
+  trap - INT TERM
 else
   lane "${names[@]}"
 fi

@@ -12,24 +12,32 @@
 set -euo pipefail
 layer="${1:?usage: $0 LAYER [lab drop flags...]}"
 shift
+command -v perf >/dev/null || { echo "perf is missing: apt-get install linux-perf" >&2; exit 1; }
+[ -x ./rampart ] || { echo "no ./rampart here: make build" >&2; exit 1; }
 out="$(mktemp -d /tmp/rampart-profile.XXXXXX)"
 before="$(grep -c '_rampart_xdp' /proc/kallsyms || true)"
 ./rampart lab drop --layers "$layer" --repeats 1 --warmup 12s --out "$out/lab" "$@" >"$out/lab.txt" 2>&1 &
 lab=$!
+trap 'kill "$lab" 2>/dev/null || true' EXIT
 # Sampled once the row floods: rampart's row after its lists are loaded
 # (a new program in kallsyms), the lab's own programs' a few seconds in.
 if [ "$layer" = rampart ]; then
   for _ in $(seq 240); do
     [ "$(grep -c '_rampart_xdp' /proc/kallsyms || true)" -gt "$before" ] && break
+    kill -0 "$lab" 2>/dev/null || break
     sleep 0.5
   done
 fi
 sleep 5
-grep '\[bpf\]' /proc/kallsyms | sort >"$out/kallsyms"
-perf record -q -C 1 -o "$out/perf.data" sleep 3 >/dev/null 2>&1
+kill -0 "$lab" 2>/dev/null || { echo "the lab ended early:" >&2; cat "$out/lab.txt" >&2; exit 1; }
+grep '\[bpf\]' /proc/kallsyms | sort >"$out/kallsyms" ||
+  { echo "no BPF programs in /proc/kallsyms: sysctl net.core.bpf_jit_kallsyms=1" >&2; exit 1; }
+perf record -q -C 1 -o "$out/perf.data" sleep 3 >/dev/null
 wait "$lab" || true
 grep -E "^(rampart|xdp-floor|$layer) " "$out/lab.txt" || { cat "$out/lab.txt"; exit 1; }
-# BPF addresses share their top 32 bits: the low 32 compare exactly in awk.
+# Samples in the module area that perf names no symbol for, or a BPF one,
+# are BPF programs' (modules keep their names). BPF addresses share their top 32 bits: the low 32 compare
+# exactly in awk.
 perf script -i "$out/perf.data" -F ip,sym 2>/dev/null | awk -v ks="$out/kallsyms" '
   function low(h,   v, i) {
     h = tolower(substr(h, length(h) - 7)); v = 0
@@ -44,7 +52,7 @@ perf script -i "$out/perf.data" -F ip,sym 2>/dev/null | awk -v ks="$out/kallsyms
   }
   NF >= 1 {
     total++
-    if ($1 ~ /^ffffffffc/) {
+    if ($1 ~ /^ffffffffc/ && (NF < 2 || $2 == "[unknown]" || $2 ~ /^bpf_/)) {
       a = low($1); best = 0
       for (i = 1; i <= n; i++) if (addr[i] <= a && (best == 0 || addr[i] > addr[best])) best = i
       where = best ? "BPF " name[best] : "BPF ?"
