@@ -119,26 +119,31 @@ lane() {
     if [ "$k" = nics ]; then nics_guest; else guest "$k" "$k" "" --cpus 2; fi
   done
 }
+# Background jobs ignore Ctrl-C: an interrupted run stops the lanes' guests
+# (timeout passes the signal on to each) and removes the NICs.
+lanes=()
+stop_lanes() {
+  for p in "${lanes[@]}"; do
+    pkill -TERM -P "$p" 2>/dev/null || true
+    kill "$p" 2>/dev/null || true
+  done
+  wait
+  cleanup_nics
+  exit 130
+}
 names=("${kernels[@]}")
 [ "$guests" != kernels ] && names+=(nics)
 if [ "$(nproc)" -ge 2 ] && [ "${#kernels[@]}" -ge 1 ] && [ "${#names[@]}" -ge 2 ]; then
-  last=$((${#kernels[@]} - 1))
-  lane "${kernels[$last]}" &
-  lanes=($!)
-  lane "${names[@]:0:$last}" "${names[@]:$((last + 1))}" &
-  lanes+=($!)
-  # Background jobs ignore Ctrl-C: an interrupted run stops the lanes'
-  # guests (timeout passes the signal on to each) and removes the NICs.
-  stop_lanes() {
-    for p in "${lanes[@]}"; do
-      pkill -TERM -P "$p" 2>/dev/null || true
-      kill "$p" 2>/dev/null || true
-    done
-    wait
-    cleanup_nics
-    exit 130
-  }
+  newest="${kernels[-1]}"
+  others=()
+  for name in "${names[@]}"; do
+    [ "$name" = "$newest" ] || others+=("$name")
+  done
   trap stop_lanes INT TERM
+  lane "$newest" &
+  lanes+=($!)
+  lane "${others[@]}" &
+  lanes+=($!)
   wait
   trap - INT TERM
 else

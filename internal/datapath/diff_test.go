@@ -80,12 +80,12 @@ func (ps *policies) load(yaml string) *loaded {
 	t := ps.t
 	t.Helper()
 	ps.n++
-	pol, err := policy.Parse("test.yaml", []byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := compile.Build(pol)
 	if ps.n%freshEvery != 0 {
+		pol, err := policy.Parse("test.yaml", []byte(yaml))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img := compile.Build(pol)
 		for _, shape := range ps.shapes {
 			o, fits, err := datapath.LoadOver(shape.objs, img)
 			if err != nil {
@@ -104,12 +104,7 @@ func (ps *policies) load(yaml string) *loaded {
 		ps.shapes[0].objs.Close()
 		ps.shapes = ps.shapes[1:]
 	}
-	objs, err := datapath.Load(img)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { objs.Close() })
-	l := &loaded{pol, objs, objs.Program(ps.kind)}
+	l := load(t, ps.kind, yaml)
 	ps.shapes = append(ps.shapes, l)
 	ps.programs++
 	return l

@@ -553,11 +553,7 @@ func (fw *Firewall) swapBack(h Hook, from, to int) error {
 	if err != nil {
 		return err
 	}
-	bits := map[string]uint64{}
-	for name, info := range back.Lists {
-		bits[name] = info.Bit
-	}
-	if err := objs.ReplaceOverlay(compile.Overlay(bits, back.overlayOps(ops))); err != nil {
+	if err := objs.ReplaceOverlay(back.overlay(back.overlayOps(ops))); err != nil {
 		return fmt.Errorf("%s: the live list changes into generation %d: %w", h, to, err)
 	}
 	var current datapath.Mode

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
@@ -21,10 +22,32 @@ import (
 // cannot be undone in the overlay: the tables are owed a rebuild
 // (FoldOwed), and until then the change holds, never the other way.
 
+// folds reports whether the generation's apply folds changes like op: of
+// a list it folds, without a TTL.
+func (g *generation) folds(op policy.ListOp) bool {
+	_, ok := g.Folded[op.List]
+	return ok && op.Expires.IsZero()
+}
+
 // folded reports whether the generation compiled op into its tables.
 func (g *generation) folded(op policy.ListOp) bool {
-	_, ok := g.Folded[op.List]
-	return ok && op.Seq <= g.FoldedSeq && op.Expires.IsZero()
+	return g.folds(op) && op.Seq <= g.FoldedSeq
+}
+
+// foldable reports whether a fold by the generation's apply would take op
+// and has not.
+func (g *generation) foldable(op policy.ListOp) bool {
+	return g.folds(op) && op.Seq > g.FoldedSeq
+}
+
+// overlay is what ops make of the generation's overlay: entries under the
+// bits its lists have.
+func (g *generation) overlay(ops []policy.ListOp) ([]compile.OverlayEntry[abi.LPMKeyV4], []compile.OverlayEntry[abi.LPMKeyV6]) {
+	bits := make(map[string]uint64, len(g.Lists))
+	for name, info := range g.Lists {
+		bits[name] = info.Bit
+	}
+	return compile.Overlay(bits, ops)
 }
 
 // overlayOps are the ops the generation's overlay holds (see above).
@@ -139,13 +162,6 @@ func (f *fold) of(img *compile.Image) (uint64, map[string]int) {
 		}
 	}
 	return f.seq, count
-}
-
-// foldable reports whether a fold by the generation's apply would take op
-// and has not: no TTL, of a list it folds, after what it folded.
-func (g *generation) foldable(op policy.ListOp) bool {
-	_, ok := g.Folded[op.List]
-	return ok && op.Seq > g.FoldedSeq && op.Expires.IsZero()
 }
 
 // FoldOwed reports whether a generation live on some hook holds folded

@@ -18,7 +18,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
@@ -59,12 +58,15 @@ func (fw *Firewall) numberOps(ops []policy.ListOp) error {
 		return nil
 	}
 	next, err := fw.nextSeqOf(ops)
+	if err != nil {
+		return err
+	}
 	for i := range ops {
 		if ops[i].Seq == 0 {
 			ops[i].Seq, next = next, next+1
 		}
 	}
-	return err
+	return nil
 }
 
 // nextSeq is the sequence number of the next op appended to ops.
@@ -376,10 +378,6 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []ne
 		if _, ok := g.Lists[only]; only != "" && !ok {
 			continue
 		}
-		bits := map[string]uint64{}
-		for name, info := range g.Lists {
-			bits[name] = info.Bit
-		}
 		objs, err := datapath.LoadPinned(fw.genPins(h, n))
 		if err != nil {
 			return touched, most, err
@@ -393,10 +391,10 @@ func (fw *Firewall) refreshOverlays(ops []policy.ListOp, only string, added []ne
 		}
 		most = max(most, foldable)
 		if added != nil {
-			v4, v6 := compile.Overlay(bits, overlapping(held, added))
+			v4, v6 := g.overlay(overlapping(held, added))
 			err = objs.AddOverlay(v4, v6)
 		} else {
-			v4, v6 := compile.Overlay(bits, held)
+			v4, v6 := g.overlay(held)
 			err = objs.ReplaceOverlay(v4, v6)
 		}
 		objs.Close()
