@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -42,9 +43,10 @@ func Errorf(file string, n *yaml.Node, field, format string, args ...any) error 
 
 // Decoder reads the YAML documents of one file.
 type Decoder struct {
-	file string
-	data []byte
-	dec  *yaml.Decoder
+	file  string
+	data  []byte
+	dec   *yaml.Decoder
+	split int // 0 before the first document; 1 when decodeSplit read it (the only one), else -1
 }
 
 var utf8BOM = []byte("\xef\xbb\xbf")
@@ -58,6 +60,16 @@ func NewDecoder(file string, data []byte) *Decoder {
 // Decode reads the next document into n: io.EOF after the last, an Error
 // at its line for a syntax error.
 func (d *Decoder) Decode(n *yaml.Node) error {
+	switch {
+	case d.split > 0:
+		return io.EOF
+	case d.split == 0:
+		d.split = -1
+		if doc, ok := decodeSplit(d.data, runtime.GOMAXPROCS(0)); ok {
+			d.split, *n = 1, *doc
+			return nil
+		}
+	}
 	err := d.dec.Decode(n)
 	if err == nil || errors.Is(err, io.EOF) {
 		return err
