@@ -157,6 +157,8 @@ enum field_base {
 struct list_params {
 	__u32 v4_buckets;
 	__u32 v4_wide_buckets;
+	__u32 v4_dense_buckets;
+	__u32 pad;
 	__u32 v6_buckets;
 	__u32 v6_short_buckets;
 	__u32 v6_long_buckets;
@@ -165,6 +167,7 @@ struct list_params {
 	__u32 v6_hot_len;
 	__u64 v4_block_mul[2];
 	__u64 v4_wide_mul[2];
+	__u64 v4_dense_mul[2];
 	__u64 v6_block_mul[2];
 	__u64 v6_short_mul[2];
 	__u64 v6_long_mul[2];
@@ -270,6 +273,7 @@ struct counter {
  * An empty slot has key (blocks) or len (prefixes) 0. */
 enum cuckoo {
 	V4_BLOCK_SLOTS = 4, /* struct v4_block per bucket */
+	V4_DENSE_SLOTS = 1, /* struct v4_dense per bucket */
 	V6_BLOCK_SLOTS = 2, /* struct v6_block per bucket */
 	V6_SHORT_SLOTS = 4, /* struct v6_slot per bucket */
 	V6_LONG_SLOTS = 2,  /* struct v6_long_slot per bucket */
@@ -282,14 +286,15 @@ enum cuckoo {
  *          base class: both classes and the addresses' last octets (four
  *          here, four more in the slot's octets), so the common sparse
  *          block (a few listed hosts) needs no second read;
- *  BITMAP  two classes in any pattern: an index into v4_bitmaps;
- *  TBL8    any mix: an index into v4_tbl8s. */
+ *  TBL8    any mix: an index into v4_tbl8s.
+ * A block of two classes in any other pattern is a dense block instead: in
+ * a cuckoo hash of its own (struct v4_dense), read beside the blocks' so
+ * that its bitmap costs no second read. */
 enum v4_entry {
 	V4E_TYPE_SHIFT = 62,
 	V4E_CLASS = 0,
 	V4E_INLINE = 1,
-	V4E_BITMAP = 2,
-	V4E_TBL8 = 3,
+	V4E_TBL8 = 3, /* 2 is free */
 	V4_INLINE = 8,             /* last octets of an INLINE block */
 	V4_INLINE_CLASS_BITS = 12, /* an INLINE entry's classes are below 4096 */
 	V4E_HIT_SHIFT = 12,        /* bits 0-11 base class, 12-23 hit class, */
@@ -307,11 +312,19 @@ struct v4_bucket {
 	struct v4_block slot[V4_BLOCK_SLOTS];
 };
 
-/* A /24 block holding two classes: bit i set means address .i is in hit. */
-struct v4_bitmap {
+/* A dense block: a /24 holding two classes in a pattern INLINE cannot
+ * hold; bit i set means address .i is in hit. One a bucket, a cache line. */
+struct v4_dense {
+	__u32 key; /* block + 1; 0: empty */
 	__u32 base;
 	__u32 hit;
+	__u32 pad;
 	__u64 bits[4];
+	__u64 pad2[2];
+};
+
+struct v4_dense_bucket {
+	struct v4_dense slot[V4_DENSE_SLOTS];
 };
 
 struct v4_tbl8 {

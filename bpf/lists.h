@@ -43,7 +43,7 @@ struct gen_types {
 	struct limit limit;
 	struct limit_bucket limit_bucket;
 	struct v4_bucket v4_bucket;
-	struct v4_bitmap v4_bitmap;
+	struct v4_dense_bucket v4_dense_bucket;
 	struct v4_tbl8 v4_tbl8;
 	struct v6_bucket v6_bucket;
 	struct v6_short_bucket v6_short_bucket;
@@ -87,7 +87,7 @@ static __always_inline const struct config *gen_config(__u32 gen)
 
 TABLE(v4_blocks, struct v4_bucket);
 TABLE(v4_wide, struct v4_bucket);
-TABLE(v4_bitmaps, struct v4_bitmap);
+TABLE(v4_dense, struct v4_dense_bucket);
 TABLE(v4_tbl8s, struct v4_tbl8);
 TABLE(v6_blocks, struct v6_bucket);
 TABLE(v6_short, struct v6_short_bucket);
@@ -156,12 +156,16 @@ static __always_inline __u32 v4_class(const struct list_params *lp, __u32 gen, c
 	__u32 a = (__u32)addr[0] << 24 | (__u32)addr[1] << 16 | (__u32)addr[2] << 8 | addr[3];
 	__u32 key = (a >> 8) + 1, wkey = (a >> 16) + 1;
 	struct v4_block *b = CUCKOO_FIND(v4_blocks, gen, lp->v4_buckets, lp->v4_block_mul, LOCAL, key, s_->key == key);
-	/* Read beside the block's buckets: a /16 wholly in one class. */
+	/* Read beside the block's buckets: a dense block, a /16 wholly in one
+	 * class. */
+	struct v4_dense *d = CUCKOO_FIND(v4_dense, gen, lp->v4_dense_buckets, lp->v4_dense_mul, LOCAL, key, s_->key == key);
 	struct v4_block *w = CUCKOO_FIND(v4_wide, gen, lp->v4_wide_buckets, lp->v4_wide_mul, LOCAL, wkey, s_->key == wkey);
+	__u32 lo = a & 0xff;
+	if (d)
+		return (d->bits[lo >> 6] >> (lo & 63)) & 1 ? d->hit : d->base;
 	if (!b)
 		return w ? (__u32)w->entry : 0;
 	__u64 e = b->entry;
-	__u32 lo = a & 0xff;
 	switch (e >> V4E_TYPE_SHIFT) {
 	case V4E_CLASS:
 		return (__u32)e;
@@ -173,13 +177,6 @@ static __always_inline __u32 v4_class(const struct list_params *lp, __u32 gen, c
 		if (((x - 0x01010101u) & ~x & 0x80808080u) | ((y - 0x01010101u) & ~y & 0x80808080u))
 			return (e >> V4E_HIT_SHIFT) & mask;
 		return e & mask;
-	}
-	case V4E_BITMAP: {
-		__u32 bi = (__u32)e;
-		struct v4_bitmap *b = gen_lookup(&v4_bitmaps, gen, &bi);
-		if (!b)
-			return 0;
-		return (b->bits[lo >> 6] >> (lo & 63)) & 1 ? b->hit : b->base;
 	}
 	default: {
 		__u32 ti = (__u32)e;

@@ -75,12 +75,21 @@ type OverlayLengths struct {
 	Bits [3]uint64
 }
 
-// V4Bitmap is struct v4_bitmap.
-type V4Bitmap struct {
+// V4Dense is struct v4_dense.
+type V4Dense struct {
 	_    structs.HostLayout
+	Key  uint32
 	Base uint32
 	Hit  uint32
+	Pad  uint32
 	Bits [4]uint64
+	Pad2 [2]uint64
+}
+
+// V4DenseBucket is struct v4_dense_bucket.
+type V4DenseBucket struct {
+	_    structs.HostLayout
+	Slot [1]V4Dense
 }
 
 // V4Tbl8 is struct v4_tbl8.
@@ -202,12 +211,15 @@ type ListParams struct {
 	_              structs.HostLayout
 	V4Buckets      uint32
 	V4WideBuckets  uint32
+	V4DenseBuckets uint32
+	Pad            uint32
 	V6Buckets      uint32
 	V6ShortBuckets uint32
 	V6LongBuckets  uint32
 	V6HotLen       uint32
 	V4BlockMul     [2]uint64
 	V4WideMul      [2]uint64
+	V4DenseMul     [2]uint64
 	V6BlockMul     [2]uint64
 	V6ShortMul     [2]uint64
 	V6LongMul      [2]uint64
@@ -289,6 +301,7 @@ const (
 // enum cuckoo
 const (
 	V4BlockSlots = 4
+	V4DenseSlots = 1
 	V6BlockSlots = 2
 	V6ShortSlots = 4
 	V6LongSlots  = 2
@@ -300,7 +313,6 @@ const (
 	V4ETypeShift      = 62
 	V4EClass          = 0
 	V4EInline         = 1
-	V4EBitmap         = 2
 	V4ETbl8           = 3
 	V4Inline          = 8
 	V4InlineClassBits = 12

@@ -35,8 +35,8 @@ const (
 	benchMapOverlayV4      = "overlay_v4"
 	benchMapOverlayV6      = "overlay_v6"
 	benchMapSources        = "sources"
-	benchMapV4Bitmaps      = "v4_bitmaps"
 	benchMapV4Blocks       = "v4_blocks"
+	benchMapV4Dense        = "v4_dense"
 	benchMapV4Tbl8s        = "v4_tbl8s"
 	benchMapV4Wide         = "v4_wide"
 	benchMapV6Blocks       = "v6_blocks"
@@ -113,8 +113,8 @@ type benchMapSpecs struct {
 	OverlayV4      *ebpf.MapSpec `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.MapSpec `ebpf:"overlay_v6"`
 	Sources        *ebpf.MapSpec `ebpf:"sources"`
-	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
+	V4Dense        *ebpf.MapSpec `ebpf:"v4_dense"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
 	V4Wide         *ebpf.MapSpec `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.MapSpec `ebpf:"v6_blocks"`
@@ -163,8 +163,8 @@ type benchMaps struct {
 	OverlayV4      *ebpf.Map `ebpf:"overlay_v4"`
 	OverlayV6      *ebpf.Map `ebpf:"overlay_v6"`
 	Sources        *ebpf.Map `ebpf:"sources"`
-	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
+	V4Dense        *ebpf.Map `ebpf:"v4_dense"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
 	V4Wide         *ebpf.Map `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.Map `ebpf:"v6_blocks"`
@@ -184,8 +184,8 @@ func (m *benchMaps) Close() error {
 		m.OverlayV4,
 		m.OverlayV6,
 		m.Sources,
-		m.V4Bitmaps,
 		m.V4Blocks,
+		m.V4Dense,
 		m.V4Tbl8s,
 		m.V4Wide,
 		m.V6Blocks,

@@ -292,7 +292,7 @@ func load(fam int, structure benchBenchStructure, t *compile.Tables, lpmEntries 
 		return nil, err
 	}
 	o := &objs.benchObjects
-	outers := map[string]*ebpf.Map{"configs": o.Configs, "v4_blocks": o.V4Blocks, "v4_wide": o.V4Wide, "v4_bitmaps": o.V4Bitmaps,
+	outers := map[string]*ebpf.Map{"configs": o.Configs, "v4_blocks": o.V4Blocks, "v4_wide": o.V4Wide, "v4_dense": o.V4Dense,
 		"v4_tbl8s": o.V4Tbl8s, "v6_blocks": o.V6Blocks, "v6_short": o.V6Short, "v6_long": o.V6Long, "classes": o.Classes,
 		"overlay_v4": o.OverlayV4, "overlay_v6": o.OverlayV6, "overlay_lengths": o.OverlayLengths}
 	lists, err := datapath.ListGeneration(spec, outers, t)

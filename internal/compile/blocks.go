@@ -34,9 +34,13 @@ type shape struct {
 	load  float64
 }
 
+// A dense block is a bucket, a cache line, of its own: two choices of one
+// slot fill to about half before insertions fail (Pagh and Rodler,
+// "Cuckoo hashing", 2004), so those tables are filled to 40%.
 var (
-	quadShape = shape{slots: 4, local: true, load: 0.7}
-	pairShape = shape{slots: 2, local: false, load: 0.7}
+	quadShape  = shape{slots: 4, local: true, load: 0.7}
+	pairShape  = shape{slots: 2, local: false, load: 0.7}
+	denseShape = shape{slots: 1, local: true, load: 0.4}
 )
 
 // blockMultipliers derives a seed's two odd multipliers (splitmix64).

@@ -39,8 +39,8 @@ rules:
 	}
 	// 10.1.2.0/24 holds two memberships (deny; deny+allow at .7 and
 	// .128-.255): one bitmap; the /16 and /24 inside the /8 add nothing.
-	if len(tb.V4Tbl8s) != 0 || len(tb.V4Bitmaps) != 1 {
-		t.Errorf("second stage: %d tbl8s, %d bitmaps", len(tb.V4Tbl8s), len(tb.V4Bitmaps))
+	if len(tb.V4Tbl8s) != 0 || tb.V4DenseBlocks() != 1 {
+		t.Errorf("second stage: %d tbl8s, %d bitmaps", len(tb.V4Tbl8s), tb.V4DenseBlocks())
 	}
 	// The /48 adds nothing to the /32 it is in: two IPv6 entries, the
 	// /32 and the /64, in one /24 block's node.
@@ -86,7 +86,7 @@ func TestTablesAgainstLists(t *testing.T) {
 			bits = append(bits, 1<<i)
 		}
 		tb := BuildTables(lists, bits, nil)
-		bitmaps += len(tb.V4Bitmaps)
+		bitmaps += tb.V4DenseBlocks()
 		tbl8s += len(tb.V4Tbl8s)
 		for k := 0; k < 20000; k++ {
 			a := rng.Uint32()

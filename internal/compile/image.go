@@ -42,7 +42,8 @@ type Tables struct {
 	V4BlockMul [2]uint64      // its two hashes' multipliers
 	V4Wide     []abi.V4Bucket // the cuckoo hash of /16s wholly in one class
 	V4WideMul  [2]uint64
-	V4Bitmaps  []abi.V4Bitmap
+	V4Dense    []abi.V4DenseBucket // the cuckoo hash of dense blocks (two classes in a bitmap)
+	V4DenseMul [2]uint64
 	V4Tbl8s    []abi.V4Tbl8
 	V6Blocks   []abi.V6Bucket // the same, of the top 24 bits of IPv6
 	V6BlockMul [2]uint64
@@ -82,7 +83,7 @@ func (img *Image) Hash() string {
 	h.Write(AsBytes(img.Limits))
 	t := &img.Tables
 	for _, part := range [][]byte{AsBytes(t.V4Blocks), AsBytes(t.V4BlockMul[:]), AsBytes(t.V4Wide), AsBytes(t.V4WideMul[:]),
-		AsBytes(t.V4Bitmaps), AsBytes(t.V4Tbl8s), AsBytes(t.V6Blocks), AsBytes(t.V6BlockMul[:]), AsBytes(t.V6Short),
+		AsBytes(t.V4Dense), AsBytes(t.V4DenseMul[:]), AsBytes(t.V4Tbl8s), AsBytes(t.V6Blocks), AsBytes(t.V6BlockMul[:]), AsBytes(t.V6Short),
 		AsBytes(t.V6ShortMul[:]), AsBytes(t.V6Long), AsBytes(t.V6LongMul[:]), AsBytes([]uint32{t.V6HotLen}), AsBytes(t.Classes)} {
 		binary.Write(h, binary.LittleEndian, uint64(len(part)))
 		h.Write(part)
@@ -93,9 +94,20 @@ func (img *Image) Hash() string {
 // KernelBytes estimates the kernel memory the tables take once loaded.
 func (t *Tables) KernelBytes() uint64 {
 	const lpmNode = 64
-	return uint64(len(t.V4Blocks)+len(t.V4Wide)+len(t.V6Blocks))*64 + uint64(len(t.V4Bitmaps))*40 +
+	return uint64(len(t.V4Blocks)+len(t.V4Wide)+len(t.V4Dense)+len(t.V6Blocks))*64 +
 		uint64(len(t.V4Tbl8s))*1024 + uint64(len(t.V6Short)+len(t.V6Long))*64 +
 		uint64(len(t.Classes))*8 + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
+}
+
+// V4DenseBlocks counts the dense blocks the tables hold.
+func (t *Tables) V4DenseBlocks() int {
+	n := 0
+	for _, b := range t.V4Dense {
+		for _, s := range b.Slot {
+			n += b2i(s.Key != 0)
+		}
+	}
+	return n
 }
 
 // V6Prefixes counts the IPv6 prefixes the tables hold after aggregation.

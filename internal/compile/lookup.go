@@ -66,14 +66,23 @@ func (t *Tables) class4(a uint32, reads *[]Read, read func(string, int, int)) ui
 	key, wkey := a>>8+1, a>>16+1
 	slots := func(b *abi.V4Bucket) []abi.V4Block { return b.Slot[:] }
 	b := cuckooFind(t.V4Blocks, t.V4BlockMul, quadShape.local, key, "v4_blocks", reads, false, slots, func(s *abi.V4Block) bool { return s.Key == key })
+	d := cuckooFind(t.V4Dense, t.V4DenseMul, denseShape.local, key, "v4_dense", reads, true,
+		func(b *abi.V4DenseBucket) []abi.V4Dense { return b.Slot[:] }, func(s *abi.V4Dense) bool { return s.Key == key })
 	w := cuckooFind(t.V4Wide, t.V4WideMul, quadShape.local, wkey, "v4_wide", reads, true, slots, func(s *abi.V4Block) bool { return s.Key == wkey })
+	lo := a & 0xff
+	if d != nil {
+		if d.Bits[lo>>6]>>(lo&63)&1 == 1 {
+			return d.Hit
+		}
+		return d.Base
+	}
 	if b == nil {
 		if w != nil {
 			return uint32(w.Entry)
 		}
 		return 0
 	}
-	e, lo := b.Entry, a&0xff
+	e := b.Entry
 	switch e >> abi.V4ETypeShift {
 	case abi.V4EClass:
 		return uint32(e)
@@ -86,13 +95,6 @@ func (t *Tables) class4(a uint32, reads *[]Read, read func(string, int, int)) ui
 			}
 		}
 		return uint32(e & mask)
-	case abi.V4EBitmap:
-		read("v4_bitmaps", int(uint32(e)), 40)
-		b := t.V4Bitmaps[uint32(e)]
-		if b.Bits[lo>>6]>>(lo&63)&1 == 1 {
-			return uint32(b.Hit)
-		}
-		return uint32(b.Base)
 	}
 	read("v4_tbl8s", int(uint32(e)), 512)
 	return uint32(t.V4Tbl8s[uint32(e)].Cls[lo])

@@ -65,7 +65,8 @@ func (c *classes) class(m member) uint32 {
 // out per /24 block (bpf/common.h): a block
 // in one class is a CLASS entry; a block with at most V4_INLINE addresses
 // of a second class an INLINE entry, the common case of host lists; any
-// other pattern of two classes a bitmap, of more a tbl8. Overlapping and
+// other pattern of two classes a dense block (a bitmap in a table of its
+// own, read beside the blocks'), of more a tbl8. Overlapping and
 // duplicate ranges, nested allow/deny lists and adjacency all come out of
 // the sweep merged. A /16 wholly in one class is one wide block. The
 // blocks then go into the cuckoo hashes.
@@ -103,6 +104,7 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, prefixe
 	key := func(s *abi.V4Block) uint32 { return s.Key }
 	t.V4Blocks, t.V4BlockMul = cuckooTable[abi.V4Bucket](b.blocks, key, quadShape)
 	t.V4Wide, t.V4WideMul = cuckooTable[abi.V4Bucket](b.wide, key, quadShape)
+	t.V4Dense, t.V4DenseMul = cuckooTable[abi.V4DenseBucket](b.dense, func(s *abi.V4Dense) uint32 { return s.Key }, denseShape)
 }
 
 // prefixSegment is a segment of IPv4 addresses, from the end of the one
@@ -199,6 +201,7 @@ type v4Builder struct {
 	c      *classes
 	blocks []abi.V4Block // blocks holding anything, in order
 	wide   []abi.V4Block // /16s wholly in one class, instead of their blocks
+	dense  []abi.V4Dense // blocks of two classes in a bitmap, instead of blocks
 	blk    int64         // the block being assembled from pieces, or -1
 	pieces []piece       // its pieces, in address order
 }
@@ -297,14 +300,13 @@ func (b *v4Builder) flush() {
 			b.blocks = append(b.blocks, abi.V4Block{Key: blk + 1, Octets: octets, Entry: entry})
 			return
 		}
-		bm := abi.V4Bitmap{Base: base, Hit: hit}
+		d := abi.V4Dense{Key: blk + 1, Base: base, Hit: hit}
 		for _, p := range ps {
 			if p.cls == hit {
-				setBits(&bm.Bits, int(p.lo), int(p.hi))
+				setBits(&d.Bits, int(p.lo), int(p.hi))
 			}
 		}
-		b.add(blk, abi.V4EBitmap<<abi.V4ETypeShift|uint64(len(b.t.V4Bitmaps)))
-		b.t.V4Bitmaps = append(b.t.V4Bitmaps, bm)
+		b.dense = append(b.dense, d)
 	default:
 		var t8 abi.V4Tbl8
 		for _, p := range ps {

@@ -33,8 +33,8 @@ const (
 	filterMapRuleEvents       = "rule_events"
 	filterMapRules            = "rules"
 	filterMapTree             = "tree"
-	filterMapV4Bitmaps        = "v4_bitmaps"
 	filterMapV4Blocks         = "v4_blocks"
+	filterMapV4Dense          = "v4_dense"
 	filterMapV4Tbl8s          = "v4_tbl8s"
 	filterMapV4Wide           = "v4_wide"
 	filterMapV6Blocks         = "v6_blocks"
@@ -115,8 +115,8 @@ type filterMapSpecs struct {
 	RuleEvents     *ebpf.MapSpec `ebpf:"rule_events"`
 	Rules          *ebpf.MapSpec `ebpf:"rules"`
 	Tree           *ebpf.MapSpec `ebpf:"tree"`
-	V4Bitmaps      *ebpf.MapSpec `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.MapSpec `ebpf:"v4_blocks"`
+	V4Dense        *ebpf.MapSpec `ebpf:"v4_dense"`
 	V4Tbl8s        *ebpf.MapSpec `ebpf:"v4_tbl8s"`
 	V4Wide         *ebpf.MapSpec `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.MapSpec `ebpf:"v6_blocks"`
@@ -169,8 +169,8 @@ type filterMaps struct {
 	RuleEvents     *ebpf.Map `ebpf:"rule_events"`
 	Rules          *ebpf.Map `ebpf:"rules"`
 	Tree           *ebpf.Map `ebpf:"tree"`
-	V4Bitmaps      *ebpf.Map `ebpf:"v4_bitmaps"`
 	V4Blocks       *ebpf.Map `ebpf:"v4_blocks"`
+	V4Dense        *ebpf.Map `ebpf:"v4_dense"`
 	V4Tbl8s        *ebpf.Map `ebpf:"v4_tbl8s"`
 	V4Wide         *ebpf.Map `ebpf:"v4_wide"`
 	V6Blocks       *ebpf.Map `ebpf:"v6_blocks"`
@@ -197,8 +197,8 @@ func (m *filterMaps) Close() error {
 		m.RuleEvents,
 		m.Rules,
 		m.Tree,
-		m.V4Bitmaps,
 		m.V4Blocks,
+		m.V4Dense,
 		m.V4Tbl8s,
 		m.V4Wide,
 		m.V6Blocks,

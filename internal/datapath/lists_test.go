@@ -166,9 +166,9 @@ func TestBigListsDifferential(t *testing.T) {
 			}
 		}
 	}
-	if inline == 0 || len(img.V4Bitmaps) == 0 || len(img.V4Tbl8s) == 0 || len(img.V6Short) == 0 || len(img.V6Long) == 0 {
+	if inline == 0 || img.V4DenseBlocks() == 0 || len(img.V4Tbl8s) == 0 || len(img.V6Short) == 0 || len(img.V6Long) == 0 {
 		t.Fatalf("the lists do not exercise every table: %d inline entries, %d bitmaps, %d tbl8s, IPv6 tables of %d and %d slots",
-			inline, len(img.V4Bitmaps), len(img.V4Tbl8s), len(img.V6Short), len(img.V6Long))
+			inline, img.V4DenseBlocks(), len(img.V4Tbl8s), len(img.V6Short), len(img.V6Long))
 	}
 	objs, err := datapath.Load(img)
 	if err != nil {

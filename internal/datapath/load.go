@@ -49,8 +49,8 @@ type Objects struct {
 // genMaps are a generation's maps (bpf/lists.h's GEN_MAP): what an apply
 // fills, then swaps in under the loaded programs.
 type genMaps struct {
-	Configs, Rules, Tree, FieldEqs, ClassEqs, MaskEqs, Counters, RuleEvents, Limits, LimitState, LimitSources      *ebpf.Map
-	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes, OverlayV4, OverlayV6, OverlayLengths *ebpf.Map
+	Configs, Rules, Tree, FieldEqs, ClassEqs, MaskEqs, Counters, RuleEvents, Limits, LimitState, LimitSources    *ebpf.Map
+	V4Blocks, V4Wide, V4Dense, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes, OverlayV4, OverlayV6, OverlayLengths *ebpf.Map
 }
 
 // Program returns the program of the given kind.
@@ -347,7 +347,7 @@ func loadError(err error) error {
 }
 
 func (o *Objects) tables() TableMaps {
-	return TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Bitmaps: o.V4Bitmaps, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
+	return TableMaps{V4Blocks: o.V4Blocks, V4Wide: o.V4Wide, V4Dense: o.V4Dense, V4Tbl8s: o.V4Tbl8s, V6Blocks: o.V6Blocks, V6Short: o.V6Short, V6Long: o.V6Long,
 		Classes: o.Classes, OverlayV4: o.OverlayV4, OverlayV6: o.OverlayV6, OverlayLengths: o.OverlayLengths}
 }
 
@@ -425,7 +425,7 @@ func (o *Objects) generation() []genMap {
 		{filterMapFieldEqs, &s.FieldEqs, &g.FieldEqs}, {filterMapClassEqs, &s.ClassEqs, &g.ClassEqs}, {filterMapMaskEqs, &s.MaskEqs, &g.MaskEqs},
 		{filterMapCounters, &s.Counters, &g.Counters}, {filterMapRuleEvents, &s.RuleEvents, &g.RuleEvents}, {filterMapLimits, &s.Limits, &g.Limits},
 		{filterMapLimitState, &s.LimitState, &g.LimitState}, {filterMapLimitSources, &s.LimitSources, &g.LimitSources},
-		{filterMapV4Blocks, &s.V4Blocks, &g.V4Blocks}, {filterMapV4Wide, &s.V4Wide, &g.V4Wide}, {filterMapV4Bitmaps, &s.V4Bitmaps, &g.V4Bitmaps},
+		{filterMapV4Blocks, &s.V4Blocks, &g.V4Blocks}, {filterMapV4Wide, &s.V4Wide, &g.V4Wide}, {filterMapV4Dense, &s.V4Dense, &g.V4Dense},
 		{filterMapV4Tbl8s, &s.V4Tbl8s, &g.V4Tbl8s}, {filterMapV6Blocks, &s.V6Blocks, &g.V6Blocks}, {filterMapV6Short, &s.V6Short, &g.V6Short},
 		{filterMapV6Long, &s.V6Long, &g.V6Long}, {filterMapClasses, &s.Classes, &g.Classes}, {filterMapOverlayV4, &s.OverlayV4, &g.OverlayV4},
 		{filterMapOverlayV6, &s.OverlayV6, &g.OverlayV6}, {filterMapOverlayLengths, &s.OverlayLengths, &g.OverlayLengths},

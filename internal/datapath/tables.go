@@ -19,15 +19,15 @@ func listParams(t *compile.Tables) abi.ListParams {
 	// computes buckets; its one element is empty and lookups past it find
 	// nothing.
 	buckets := func(n int) uint32 { return uint32(max(abi.PageBuckets, n)) }
-	return abi.ListParams{V4Buckets: buckets(len(t.V4Blocks)), V4WideBuckets: buckets(len(t.V4Wide)), V6Buckets: buckets(len(t.V6Blocks)),
-		V6ShortBuckets: buckets(len(t.V6Short)), V6LongBuckets: buckets(len(t.V6Long)), V6HotLen: t.V6HotLen,
-		V4BlockMul: t.V4BlockMul, V4WideMul: t.V4WideMul, V6BlockMul: t.V6BlockMul, V6ShortMul: t.V6ShortMul, V6LongMul: t.V6LongMul}
+	return abi.ListParams{V4Buckets: buckets(len(t.V4Blocks)), V4WideBuckets: buckets(len(t.V4Wide)), V4DenseBuckets: buckets(len(t.V4Dense)),
+		V6Buckets: buckets(len(t.V6Blocks)), V6ShortBuckets: buckets(len(t.V6Short)), V6LongBuckets: buckets(len(t.V6Long)), V6HotLen: t.V6HotLen,
+		V4BlockMul: t.V4BlockMul, V4WideMul: t.V4WideMul, V4DenseMul: t.V4DenseMul, V6BlockMul: t.V6BlockMul, V6ShortMul: t.V6ShortMul, V6LongMul: t.V6LongMul}
 }
 
 // tableSizes are the entries tables t need in each prefix-list map.
 func tableSizes(t *compile.Tables) map[string]int {
 	return map[string]int{
-		filterMapV4Blocks: len(t.V4Blocks), filterMapV4Wide: len(t.V4Wide), filterMapV4Bitmaps: len(t.V4Bitmaps), filterMapV4Tbl8s: len(t.V4Tbl8s),
+		filterMapV4Blocks: len(t.V4Blocks), filterMapV4Wide: len(t.V4Wide), filterMapV4Dense: len(t.V4Dense), filterMapV4Tbl8s: len(t.V4Tbl8s),
 		filterMapV6Blocks: len(t.V6Blocks), filterMapV6Short: len(t.V6Short), filterMapV6Long: len(t.V6Long), filterMapClasses: len(t.Classes),
 	}
 }
@@ -56,7 +56,7 @@ func SizeLists(spec *ebpf.CollectionSpec, t *compile.Tables) {
 func ListGeneration(spec *ebpf.CollectionSpec, outers map[string]*ebpf.Map, t *compile.Tables) (*ListMaps, error) {
 	made := map[string]*ebpf.Map{}
 	var all []*ebpf.Map
-	for _, name := range []string{filterMapConfigs, filterMapV4Blocks, filterMapV4Wide, filterMapV4Bitmaps, filterMapV4Tbl8s, filterMapV6Blocks,
+	for _, name := range []string{filterMapConfigs, filterMapV4Blocks, filterMapV4Wide, filterMapV4Dense, filterMapV4Tbl8s, filterMapV6Blocks,
 		filterMapV6Short, filterMapV6Long, filterMapClasses, filterMapOverlayV4, filterMapOverlayV6, filterMapOverlayLengths} {
 		m, err := ebpf.NewMap(spec.Maps[name].InnerMap)
 		if err != nil {
@@ -65,7 +65,7 @@ func ListGeneration(spec *ebpf.CollectionSpec, outers map[string]*ebpf.Map, t *c
 		}
 		made[name], all = m, append(all, m)
 	}
-	tm := TableMaps{V4Blocks: made[filterMapV4Blocks], V4Wide: made[filterMapV4Wide], V4Bitmaps: made[filterMapV4Bitmaps], V4Tbl8s: made[filterMapV4Tbl8s],
+	tm := TableMaps{V4Blocks: made[filterMapV4Blocks], V4Wide: made[filterMapV4Wide], V4Dense: made[filterMapV4Dense], V4Tbl8s: made[filterMapV4Tbl8s],
 		V6Blocks: made[filterMapV6Blocks], V6Short: made[filterMapV6Short], V6Long: made[filterMapV6Long], Classes: made[filterMapClasses],
 		OverlayV4: made[filterMapOverlayV4], OverlayV6: made[filterMapOverlayV6], OverlayLengths: made[filterMapOverlayLengths]}
 	errs := []error{tm.Fill(t), made[filterMapConfigs].Put(uint32(0), abi.Config{Lists: listParams(t)})}
@@ -87,8 +87,8 @@ func closeAll(maps []*ebpf.Map) {
 
 // TableMaps are the prefix-list maps of bpf/lists.h once loaded.
 type TableMaps struct {
-	V4Blocks, V4Wide, V4Bitmaps, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.Map
-	OverlayV4, OverlayV6, OverlayLengths                                     *ebpf.Map
+	V4Blocks, V4Wide, V4Dense, V4Tbl8s, V6Blocks, V6Short, V6Long, Classes *ebpf.Map
+	OverlayV4, OverlayV6, OverlayLengths                                   *ebpf.Map
 }
 
 // Fill writes the tables into maps sized by TableSpecs.Size.
@@ -97,7 +97,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 		m    *ebpf.Map
 		data []byte
 	}{
-		{m.V4Blocks, compile.AsBytes(t.V4Blocks)}, {m.V4Wide, compile.AsBytes(t.V4Wide)}, {m.V4Bitmaps, compile.AsBytes(t.V4Bitmaps)}, {m.V4Tbl8s, compile.AsBytes(t.V4Tbl8s)},
+		{m.V4Blocks, compile.AsBytes(t.V4Blocks)}, {m.V4Wide, compile.AsBytes(t.V4Wide)}, {m.V4Dense, compile.AsBytes(t.V4Dense)}, {m.V4Tbl8s, compile.AsBytes(t.V4Tbl8s)},
 		{m.V6Blocks, compile.AsBytes(t.V6Blocks)}, {m.V6Short, compile.AsBytes(t.V6Short)}, {m.V6Long, compile.AsBytes(t.V6Long)},
 		{m.Classes, compile.AsBytes(t.Classes)},
 	} {
@@ -111,7 +111,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 // Memlock is the kernel memory the tables account for.
 func (m TableMaps) Memlock() uint64 {
 	var n uint64
-	for _, x := range []*ebpf.Map{m.V4Blocks, m.V4Wide, m.V4Bitmaps, m.V4Tbl8s, m.V6Blocks, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
+	for _, x := range []*ebpf.Map{m.V4Blocks, m.V4Wide, m.V4Dense, m.V4Tbl8s, m.V6Blocks, m.V6Short, m.V6Long, m.Classes, m.OverlayV4, m.OverlayV6} {
 		n += Memlock(x)
 	}
 	return n

@@ -46,7 +46,7 @@ func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 		return nil, err
 	}
 	t := &img.Tables
-	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: len(t.V4Bitmaps) + len(t.V4Tbl8s), V6Prefixes: t.V6Prefixes(),
+	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: t.V4DenseBlocks() + len(t.V4Tbl8s), V6Prefixes: t.V6Prefixes(),
 		TableBytes: img.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
 		Warnings: pol.Warnings, Lists: []ListReport{}}
 	for _, name := range pol.ListNames() {
