@@ -59,6 +59,11 @@ type Drops struct {
 	Symbols              *Symbols
 	Lost                 uint64
 	Overhead0, Overhead1 Overhead
+	// When the counts were read. A snapshot of counters takes a while
+	// (iptables-save, netlink dumps), longer under load: drop reasons are
+	// rated over their own window, not the snapshots', or conntrack's
+	// drops and the tracer's disagree by the difference.
+	Began, Ended time.Time
 }
 
 // Build turns two snapshots (and, when tracing ran, the drops counted
@@ -83,7 +88,11 @@ func Build(prev, cur *Snapshot, drops *Drops, all bool) *Report {
 	sort.Slice(r.Counters, func(i, j int) bool { return r.Counters[i].Name < r.Counters[j].Name })
 	if drops != nil {
 		r.Tracing = Tracing{Enabled: true, Lost: drops.Lost}
-		r.DropReasons = drops.reasons(cur, secs)
+		tsecs := secs
+		if !drops.Began.IsZero() && drops.Ended.After(drops.Began) {
+			tsecs = drops.Ended.Sub(drops.Began).Seconds()
+		}
+		r.DropReasons = drops.reasons(cur, tsecs)
 		if ev := drops.Overhead1.Events - drops.Overhead0.Events; ev > 0 && secs > 0 {
 			t := drops.Overhead1.Time - drops.Overhead0.Time
 			r.Tracing.Events = ev
@@ -153,5 +162,5 @@ func (d *Drops) Next() *Drops {
 	if d == nil {
 		return nil
 	}
-	return &Drops{Before: d.After, Reasons: d.Reasons, Symbols: d.Symbols, Overhead0: d.Overhead1}
+	return &Drops{Before: d.After, Reasons: d.Reasons, Symbols: d.Symbols, Overhead0: d.Overhead1, Began: d.Ended}
 }

@@ -106,7 +106,7 @@ func (t *Tracer) Begin() (*Drops, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Drops{Before: counts, Reasons: t.Reasons, Symbols: t.symbols}
+	d := &Drops{Before: counts, Reasons: t.Reasons, Symbols: t.symbols, Began: time.Now()}
 	d.Overhead0, _ = t.Overhead()
 	return d, nil
 }
@@ -120,7 +120,7 @@ func (t *Tracer) End(d *Drops) error {
 	if err != nil {
 		return err
 	}
-	d.After, d.Lost = counts, lost
+	d.After, d.Lost, d.Ended = counts, lost, time.Now()
 	d.Overhead1, _ = t.Overhead()
 	return nil
 }
