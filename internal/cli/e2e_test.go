@@ -108,6 +108,7 @@ func filterRound(t *testing.T, p *testutil.Pair, mode string, egress bool, autoM
 	}
 
 	const n = 300
+	arrived := 0 // datagrams to the allowed port, both families
 	for _, dst := range []struct {
 		name string
 		ip   []byte
@@ -119,16 +120,25 @@ func filterRound(t *testing.T, p *testutil.Pair, mode string, egress bool, autoM
 		if got := testutil.CountUDP(dropped, 300*time.Millisecond); got != 0 {
 			t.Errorf("%s: %d datagrams to the dropped port arrived", dst.name, got)
 		}
-		if got := testutil.CountUDP(passed, 300*time.Millisecond); got != n {
+		got := testutil.CountUDP(passed, 300*time.Millisecond)
+		arrived += got
+		if got != n && !p.Lossy || got < n*99/100 {
 			t.Errorf("%s: %d of %d datagrams to the allowed port arrived", dst.name, got, n)
 		}
 	}
-	if got := ruleCount(t, "drop-udp-9000"); got != 2*n {
-		t.Errorf("drop-udp-9000 counted %d, sent %d", got, 2*n)
+	// Every frame that reached the hook is counted once. A veth pair loses
+	// none: the counters are what was sent. NICs wired through the host's
+	// taps and bridge may lose a few before the hook (599 of 600 once, the
+	// host running another guest beside this one): at most what was sent,
+	// at least every arrival, 99% at least.
+	counted := func(rule string, atLeast int) {
+		got := int(ruleCount(t, rule))
+		if got != 2*n && !p.Lossy || got > 2*n || got < max(atLeast, 2*n*99/100) {
+			t.Errorf("%s counted %d, sent %d (%d arrived past it)", rule, got, 2*n, atLeast)
+		}
 	}
-	if got := ruleCount(t, "count-udp-9001"); got != 2*n {
-		t.Errorf("count-udp-9001 counted %d, sent %d", got, 2*n)
-	}
+	counted("drop-udp-9000", 0)
+	counted("count-udp-9001", arrived)
 
 	testutil.ListenTCP(t, p.NsB, p.B4, 9002)
 	testutil.ListenTCP(t, p.NsB, p.B4, 9003)

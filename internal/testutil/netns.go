@@ -27,6 +27,10 @@ type Pair struct {
 	IfA, IfB string
 	A4, B4   net.IP
 	A6, B6   net.IP
+	// Lossy: frames between the two cross a wire that may lose some (NICs
+	// through the host's taps and bridge), not a veth pair, which loses
+	// none.
+	Lossy bool
 }
 
 var pairSeq atomic.Int32
@@ -49,6 +53,7 @@ func PairOver(t testing.TB, ifA, ifB string) *Pair {
 	// Registered first, so it runs last: namespaces go asynchronously.
 	t.Cleanup(func() { WaitLinks(t, "", ifA, ifB) })
 	p := newPair(t, ifA, ifB)
+	p.Lossy = true
 	Run(t, "ip", "link", "set", ifA, "netns", p.NsA)
 	Run(t, "ip", "link", "set", ifB, "netns", p.NsB)
 	p.wire(t)

@@ -110,7 +110,7 @@ func TestDelayLine(t *testing.T) {
 			go d.relay(d.a, d.b)
 			go d.relay(d.b, d.a)
 			t.Cleanup(func() { d.a.Close(); d.b.Close() })
-			measureLine(t, p.NsA, p.NsB, "10.77.0.2", rtt, capRate, 0.15)
+			measureLine(t, p.NsA, p.NsB, "10.77.0.2", rtt, capRate, 0.15, false)
 		})
 	}
 }
@@ -143,7 +143,7 @@ func TestDelayLineNetem(t *testing.T) {
 			// RTT that ping at rest does not see, up to a sixth of 20 ms
 			// (measured 0.85-0.94 of the prediction; on a real CPU the relay
 			// line holds 15%).
-			measureLine(t, p.NsA, p.NsB, p.B4.String(), rtt, capRate, 0.25)
+			measureLine(t, p.NsA, p.NsB, p.B4.String(), rtt, capRate, 0.25, true)
 		})
 	}
 }
@@ -153,8 +153,11 @@ func TestDelayLineNetem(t *testing.T) {
 // capRate bytes/s, measures it, then sets the buffers tune recommends and
 // measures again: the prediction must be within tolerance (a fraction),
 // and one connection must reach 90% of the cap after, or of what ample
-// buffers get where the line, as the machine runs it, carries less.
-func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate, tolerance float64) {
+// buffers get where the line, as the machine runs it, carries less; where
+// the rate cannot judge the buffers (segments lost while measured, or an
+// emulated CPU), the window the receiver advertised must cover the cap ×
+// the RTT.
+func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate, tolerance float64, emulated bool) {
 	t.Helper()
 	s, err := ReadTCP("/")
 	if err != nil {
@@ -207,13 +210,18 @@ func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate,
 	if after.rate >= 0.9*capRate {
 		return
 	}
-	// Segments lost while it was measured, not the window, held the rate:
-	// after a loss cubic takes seconds to grow back, and only a window
-	// well past the path's bandwidth × RTT hides that (a 60 ms line in the
-	// NIC guest once measured 40% and 43% of the cap where 64 MB buffers
-	// then got 96%). What the buffers decide is the window the receiver
-	// advertised: at least the cap × ping's RTT.
-	if after.retransmitted > 0 {
+	// What the buffers decide is the window the receiver advertises: at
+	// least the cap × ping's RTT. It judges them when the rate cannot:
+	//  - segments were lost while it was measured: after a loss cubic
+	//    takes seconds to grow back, which only a window well past the
+	//    path's bandwidth × RTT hides;
+	//  - the CPU is emulated (the kernel tier's NIC guest): under load its
+	//    stack adds to the RTT that ping measured at rest. A 60 ms line
+	//    there measured 50-84% of the cap in three transfers, with no
+	//    segment lost and a window 1.19× the cap × ping's RTT, where 64 MB
+	//    buffers got 96%; in another run the sender's smoothed RTT was
+	//    77-81 ms where ping had 62.6.
+	if after.retransmitted > 0 || emulated {
 		bdp := capRate * pinged.Seconds()
 		if float64(after.window) < bdp {
 			t.Errorf("after the recommended buffers the receiver advertised %d bytes, want ≥ %.0f (the cap × ping's RTT)", after.window, bdp)
@@ -241,11 +249,12 @@ func measureLine(t *testing.T, nsA, nsB, ipB string, rtt time.Duration, capRate,
 type sent struct {
 	rate          float64 // bytes/s the receiver read
 	retransmitted uint32
-	window        uint32 // bytes, the most advertised
+	window        uint32        // bytes, the most advertised
+	rtt           time.Duration // the sender's smoothed RTT at the end
 }
 
 func (s sent) String() string {
-	return fmt.Sprintf("%.2f MB/s (%d segments retransmitted, window %d bytes)", s.rate/1e6, s.retransmitted, s.window)
+	return fmt.Sprintf("%.2f MB/s (%d segments retransmitted, window %d bytes, RTT %v)", s.rate/1e6, s.retransmitted, s.window, s.rtt)
 }
 
 // transfer sends from nsA to ipB in nsB as fast as one TCP connection goes and
@@ -336,6 +345,7 @@ func transfer(t *testing.T, nsA, nsB, ipB string, warm, span time.Duration) sent
 				before = info.Total_retrans
 			}
 			out.retransmitted, out.window = info.Total_retrans-before, max(out.window, info.Snd_wnd)
+			out.rtt = time.Duration(info.Rtt) * time.Microsecond
 		}
 	}
 }
