@@ -273,7 +273,7 @@ struct counter {
  * An empty slot has key (blocks) or len (prefixes) 0. */
 enum cuckoo {
 	V4_BLOCK_SLOTS = 4, /* struct v4_block per bucket */
-	V4_DENSE_SLOTS = 1, /* struct v4_dense per bucket */
+	V4_DENSE_SLOTS = 2, /* struct v4_dense per bucket (two cache lines) */
 	V6_BLOCK_SLOTS = 2, /* struct v6_block per bucket */
 	V6_SHORT_SLOTS = 4, /* struct v6_slot per bucket */
 	V6_LONG_SLOTS = 2,  /* struct v6_long_slot per bucket */
@@ -313,7 +313,8 @@ struct v4_bucket {
 };
 
 /* A dense block: a /24 holding two classes in a pattern INLINE cannot
- * hold; bit i set means address .i is in hit. One a bucket, a cache line. */
+ * hold; bit i set means address .i is in hit. A cache line each, two a
+ * bucket: one slot a bucket would fill to a third at best. */
 struct v4_dense {
 	__u32 key; /* block + 1; 0: empty */
 	__u32 base;

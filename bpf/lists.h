@@ -158,7 +158,7 @@ static __always_inline __u32 v4_class(const struct list_params *lp, __u32 gen, c
 	struct v4_block *b = CUCKOO_FIND(v4_blocks, gen, lp->v4_buckets, lp->v4_block_mul, LOCAL, key, s_->key == key);
 	/* Read beside the block's buckets: a dense block, a /16 wholly in one
 	 * class. */
-	struct v4_dense *d = CUCKOO_FIND(v4_dense, gen, lp->v4_dense_buckets, lp->v4_dense_mul, LOCAL, key, s_->key == key);
+	struct v4_dense *d = CUCKOO_FIND(v4_dense, gen, lp->v4_dense_buckets, lp->v4_dense_mul, ANYWHERE, key, s_->key == key);
 	struct v4_block *w = CUCKOO_FIND(v4_wide, gen, lp->v4_wide_buckets, lp->v4_wide_mul, LOCAL, wkey, s_->key == wkey);
 	__u32 lo = a & 0xff;
 	if (d)

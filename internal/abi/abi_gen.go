@@ -89,7 +89,7 @@ type V4Dense struct {
 // V4DenseBucket is struct v4_dense_bucket.
 type V4DenseBucket struct {
 	_    structs.HostLayout
-	Slot [1]V4Dense
+	Slot [2]V4Dense
 }
 
 // V4Tbl8 is struct v4_tbl8.
@@ -301,7 +301,7 @@ const (
 // enum cuckoo
 const (
 	V4BlockSlots = 4
-	V4DenseSlots = 1
+	V4DenseSlots = 2
 	V6BlockSlots = 2
 	V6ShortSlots = 4
 	V6LongSlots  = 2

@@ -34,13 +34,13 @@ type shape struct {
 	load  float64
 }
 
-// A dense block is a bucket, a cache line, of its own: two choices of one
-// slot fill to about half before insertions fail (Pagh and Rodler,
-// "Cuckoo hashing", 2004), so those tables are filled to 40%.
+// Dense blocks are a cache line each, two a bucket: with one slot a
+// bucket, two choices fill to a half at most (Pagh and Rodler, "Cuckoo
+// hashing", 2004), and a million blocks took tables filled to a fifth.
 var (
 	quadShape  = shape{slots: 4, local: true, load: 0.7}
 	pairShape  = shape{slots: 2, local: false, load: 0.7}
-	denseShape = shape{slots: 1, local: true, load: 0.4}
+	denseShape = shape{slots: 2, local: false, load: 0.7}
 )
 
 // blockMultipliers derives a seed's two odd multipliers (splitmix64).

@@ -94,7 +94,7 @@ func (img *Image) Hash() string {
 // KernelBytes estimates the kernel memory the tables take once loaded.
 func (t *Tables) KernelBytes() uint64 {
 	const lpmNode = 64
-	return uint64(len(t.V4Blocks)+len(t.V4Wide)+len(t.V4Dense)+len(t.V6Blocks))*64 +
+	return uint64(len(t.V4Blocks)+len(t.V4Wide)+len(t.V6Blocks))*64 + uint64(len(t.V4Dense))*128 +
 		uint64(len(t.V4Tbl8s))*1024 + uint64(len(t.V6Short)+len(t.V6Long))*64 +
 		uint64(len(t.Classes))*8 + uint64(len(t.OverlayV4)+len(t.OverlayV6))*lpmNode
 }

@@ -3,6 +3,7 @@ package compile
 import (
 	"math/bits"
 	"net/netip"
+	"unsafe"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -50,7 +51,7 @@ func cuckooFind[B, S any](table []B, mul [2]uint64, local bool, digest uint32, n
 	var found *S
 	for h, i := range bucketPair(digest, mul, uint32(len(table)), local) {
 		if reads != nil {
-			*reads = append(*reads, Read{Table: name, Offset: uint64(i) * 64, Parallel: parallel || h == 1})
+			*reads = append(*reads, Read{Table: name, Offset: uint64(i) * uint64(unsafe.Sizeof(table[0])), Parallel: parallel || h == 1})
 		}
 		ss := slots(&table[i])
 		for j := range ss {

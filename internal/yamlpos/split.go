@@ -18,9 +18,8 @@ import (
 // A cut falls where the whole document starts an item at the sequence's
 // indentation, or inside a quoted or flow scalar that a line starting
 // "- " at that indentation continues: that piece ends unterminated and
-// fails. When a piece fails for any reason (that, an alias of an anchor in
-// another piece, a syntax error), the document is decoded whole, which
-// also locates the error.
+// fails. When a piece fails for any reason (that, a syntax error), the
+// document is decoded whole, which also locates the error.
 
 // splitMin is the size of sequence worth cutting.
 const splitMin = 64 << 10
@@ -111,8 +110,14 @@ func offsetLines(n *yaml.Node, lines int) {
 // (a line "key:" at column 0, then items "- " at one indentation). False
 // when data has what a cut could misread: a document marker or directive,
 // a tab in an indentation, a line less indented than the items that
-// neither starts a key at column 0 nor is a comment.
+// neither starts a key at column 0 nor is a comment; an anchor or an
+// alias (an anchor redefined in one piece changes what an alias in
+// another means); a line break other than LF and CRLF (yaml.v3 counts a
+// lone CR, NEL, LS and PS too: the pieces' lines would drift).
 func longestSequence(data []byte) (sequence, bool) {
+	if bytes.ContainsAny(data, "&*\u0085\u2028\u2029") || bytes.Count(data, []byte("\r")) != bytes.Count(data, []byte("\r\n")) {
+		return sequence{}, false
+	}
 	var best, cur sequence
 	indent := -1 // the items' indentation while in a sequence
 	closeSeq := func(at int) {
