@@ -109,6 +109,14 @@ func filterRound(t *testing.T, p *testutil.Pair, mode string, egress bool, autoM
 
 	const n = 300
 	arrived := 0 // datagrams to the allowed port, both families
+	// The fewest of sent frames a count may see: all over veth; over NICs
+	// 99%, and never fewer than arrived past the hook.
+	atLeast := func(sent, arrived int) int {
+		if !p.Lossy {
+			return sent
+		}
+		return max(arrived, sent*99/100)
+	}
 	for _, dst := range []struct {
 		name string
 		ip   []byte
@@ -122,19 +130,17 @@ func filterRound(t *testing.T, p *testutil.Pair, mode string, egress bool, autoM
 		}
 		got := testutil.CountUDP(passed, 300*time.Millisecond)
 		arrived += got
-		if got != n && !p.Lossy || got < n*99/100 {
+		if got > n || got < atLeast(n, 0) {
 			t.Errorf("%s: %d of %d datagrams to the allowed port arrived", dst.name, got, n)
 		}
 	}
 	// Every frame that reached the hook is counted once. A veth pair loses
 	// none: the counters are what was sent. NICs wired through the host's
 	// taps and bridge may lose a few before the hook (599 of 600 once, the
-	// host running another guest beside this one): at most what was sent,
-	// at least every arrival, 99% at least.
-	counted := func(rule string, atLeast int) {
-		got := int(ruleCount(t, rule))
-		if got != 2*n && !p.Lossy || got > 2*n || got < max(atLeast, 2*n*99/100) {
-			t.Errorf("%s counted %d, sent %d (%d arrived past it)", rule, got, 2*n, atLeast)
+	// host running another guest beside this one).
+	counted := func(rule string, arrived int) {
+		if got := int(ruleCount(t, rule)); got > 2*n || got < atLeast(2*n, arrived) {
+			t.Errorf("%s counted %d, sent %d (%d arrived past it)", rule, got, 2*n, arrived)
 		}
 	}
 	counted("drop-udp-9000", 0)
