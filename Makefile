@@ -35,12 +35,20 @@ check-generated: generate
 	git diff --exit-code -- 'internal/*/*_bpfel.go' 'internal/*/*_bpfel.o' internal/abi/abi_gen.go || \
 	  (echo "bpf/ and the committed objects disagree: run make generate and commit" >&2; exit 1)
 
+# The end-to-end tests that mostly wait on daemons of their own (CrowdSec's
+# LAPI and bouncer, BGP speakers) run in a second process beside the rest,
+# so that their waits overlap the other packages instead of lengthening the
+# longest one (the cli package's tests run one after another).
+APART := ^(TestCrowdSecBouncer|TestCrowdSecBadAnswers|TestLabCrowdSec|TestFlowSpec|TestFlowSpecBird|TestFlowSpecMalformed|TestFlowSpecScale|TestFlowSpecInterfaces)$$
+
 # The whole suite: formatting, tidy modules and vet, generated objects up to date, then every
 # test tier; the delay line's transfers last, alone on the CPUs; then the kernel tier, the same
 # tests in guests of Linux 6.1 and 6.12 under qemu (scripts/kernels.sh). Privileged tiers need
 # root; with RAMPART_REQUIRE_PRIVILEGED=1 they fail instead of skipping.
 test: lint check-generated
-	$(GO) test -count=1 -timeout 30m ./...
+	$(GO) test -count=1 -timeout 30m -skip '$(APART)' ./... & rest=$$!; \
+	  $(GO) test -count=1 -timeout 30m -run '$(APART)' ./internal/cli; apart=$$?; \
+	  wait $$rest && [ $$apart -eq 0 ]
 	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run 'TestDelayLine$$' -v ./internal/tune
 	bash scripts/kernels.sh
 

@@ -366,15 +366,11 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 	})
 	c.FieldEqs = make([]uint32, abi.FieldValues)
 	var eqs []uint32
-	fs[abi.FieldProto], eqs, _ = pointField(entries, k, tests(abi.MatchProto), abi.ValueUnknownProto+1, 0, func(r, v int) status {
-		switch {
-		case v == abi.ValueUnknownProto:
-			return stUnknown
-		case v >= int(entries[r].ProtoLo) && v <= int(entries[r].ProtoHi):
-			return stMatch
-		}
-		return stNo
-	})
+	// A protocol is a range too: swept, not judged value by value (a feed's
+	// 10,000 UDP rules made that 2.6M judgements, a fifth of Build).
+	fs[abi.FieldProto], eqs = rangeField(entries, k, tests(abi.MatchProto), func(r int) (int, int) {
+		return int(entries[r].ProtoLo), int(entries[r].ProtoHi)
+	}, abi.ValueUnknownProto, []status{stUnknown})
 	copy(c.FieldEqs[abi.BaseProto:], eqs)
 	fs[abi.FieldFlags], eqs, _ = pointField(entries, k, tests(abi.MatchTCPFlags), abi.ValueUnknownFlags+1, 0, func(r, v int) status {
 		e := &entries[r]
@@ -425,7 +421,7 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 		}
 	}
 
-	b := treeBuilder{entries: entries, fields: &fs, memo: map[string]uint32{}, leafChecks: leafChecks(entries, srcPx, dstPx)}
+	b := treeBuilder{entries: entries, fields: &fs, memo: make(map[string]uint32, len(entries)), leafChecks: leafChecks(entries, srcPx, dstPx)}
 	for f := range fs {
 		if fs[f].unsplit {
 			b.unsplit |= 1 << f

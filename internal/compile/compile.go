@@ -16,7 +16,7 @@ import (
 func Build(pol *policy.Policy) *Image {
 	b := builder{pol: pol, bits: map[string]uint64{}, ids: map[netip.Prefix]uint32{}}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
-		Limits: make([]abi.Limit, len(pol.Rules))}
+		Limits: make([]abi.Limit, len(pol.Rules)), Rules: make([]abi.Rule, 0, len(pol.Rules))}
 	b.img = img
 	if pol.FlowSpec != nil {
 		for _, n := range pol.FlowSpec.Neighbors {

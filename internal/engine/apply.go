@@ -442,7 +442,7 @@ func (tx *transaction) install(h Hook, st *hookState, objs *datapath.Objects, me
 	reach("pinned")
 	// What must be written is written before the swap: a full disk fails
 	// here, with the running policy untouched.
-	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {
+	if err := fw.writeGen(h, &g); err != nil {
 		return Applied{}, drop(err)
 	}
 	p := pending{Token: tx.token, Deadline: tx.deadline, Watched: tx.watched, PID: os.Getpid(), Previous: st.live, Next: g.N}
@@ -475,7 +475,7 @@ func (tx *transaction) install(h Hook, st *hookState, objs *datapath.Objects, me
 	// The old generation counted until the swap: carry its final counts.
 	g.Mode = mode
 	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules)
-	if err := writeJSON(fw.genFile(h, g.N), g); err != nil {
+	if err := fw.writeGen(h, &g); err != nil {
 		return Applied{}, err
 	}
 	return Applied{Hook: h, Mode: mode, Generation: g.N, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil
@@ -569,7 +569,7 @@ func (fw *Firewall) swapBack(h Hook, from, to int) error {
 		return fmt.Errorf("%s: go back to generation %d: %w", h, to, err)
 	}
 	back.Mode = mode
-	return writeJSON(fw.genFile(h, to), back)
+	return fw.writeGen(h, back)
 }
 
 // removeHook detaches a hook and removes its pins and state.

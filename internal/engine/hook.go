@@ -119,6 +119,26 @@ type pending struct {
 	Next     int  `json:"next"`
 }
 
+// writeGen writes g's record. Carried counts end at the last that is not
+// zero (readers take a missing one as zero): a feed's 10,000 rules with
+// no limit or cookie events made 560 KB of zeros in every record, read and
+// written again by every apply.
+func (fw *Firewall) writeGen(h Hook, g *generation) error {
+	rec := *g
+	rec.Carried = trimZeros(g.Carried)
+	rec.CarriedEvents = trimZeros(g.CarriedEvents)
+	return writeJSON(fw.genFile(h, g.N), &rec)
+}
+
+func trimZeros[T comparable](s []T) []T {
+	var zero T
+	n := len(s)
+	for n > 0 && s[n-1] == zero {
+		n--
+	}
+	return s[:n]
+}
+
 func (fw *Firewall) readGen(h Hook, n int) (*generation, error) {
 	var g generation
 	ok, err := readJSON(fw.genFile(h, n), &g)

@@ -56,7 +56,7 @@ func (fw *Firewall) reattach(h Hook, st *hookState) (Applied, error) {
 		return Applied{}, err
 	}
 	g.Mode = mode
-	if err := writeJSON(fw.genFile(h, n), g); err != nil {
+	if err := fw.writeGen(h, g); err != nil {
 		return Applied{}, err
 	}
 	return Applied{Hook: h, Mode: mode, Generation: n, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil

@@ -1,0 +1,47 @@
+package engine
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+)
+
+// TestRecordDropsTrailingZeros: a generation's record ends its carried
+// counts at the last that is not zero, and what the next generation
+// carries from it is what it would carry from the whole.
+func TestRecordDropsTrailingZeros(t *testing.T) {
+	fw := &Firewall{stateRoot: t.TempDir()}
+	h := Hook{Iface: "eth0"}
+	rules := []RuleInfo{{Name: "a", Match: "proto=17", Action: "drop"}, {Name: "b", Match: "proto=6", Action: "pass"}, {Name: "c", Match: "", Action: "pass"}}
+	g := generation{N: 3, Mode: "tc", AppliedAt: time.Now(), Rules: rules,
+		Carried:       make([]abi.Counter, abi.SlotRule0+len(rules)),
+		CarriedEvents: make([]abi.RuleEvents, len(rules))}
+	g.Carried[0].Packets = 7
+	g.Carried[abi.SlotRule0+1] = abi.Counter{Packets: 2, Bytes: 120}
+	if err := fw.writeGen(h, &g); err != nil {
+		t.Fatal(err)
+	}
+	back, err := fw.readGen(h, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Carried) != abi.SlotRule0+2 || len(back.CarriedEvents) != 0 {
+		t.Errorf("record holds %d counts and %d events, want %d and 0", len(back.Carried), len(back.CarriedEvents), abi.SlotRule0+2)
+	}
+	if len(g.Carried) != abi.SlotRule0+len(rules) {
+		t.Errorf("writing cut the generation's own counts to %d", len(g.Carried))
+	}
+	next := []RuleInfo{rules[2], rules[1], rules[0]}
+	whole := &generation{Rules: next}
+	addCounts(whole, g.Rules, g.Carried, g.CarriedEvents)
+	trimmed := &generation{Rules: next}
+	addCounts(trimmed, back.Rules, back.Carried, back.CarriedEvents)
+	if !reflect.DeepEqual(whole.Carried, trimmed.Carried) || !reflect.DeepEqual(whole.CarriedEvents, trimmed.CarriedEvents) {
+		t.Errorf("carried from the record %+v %+v, from the whole %+v %+v", trimmed.Carried, trimmed.CarriedEvents, whole.Carried, whole.CarriedEvents)
+	}
+	if trimmed.Carried[abi.SlotRule0+1] != (abi.Counter{Packets: 2, Bytes: 120}) {
+		t.Errorf("rule b carried %+v", trimmed.Carried[abi.SlotRule0+1])
+	}
+}
