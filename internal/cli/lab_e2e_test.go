@@ -6,7 +6,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,10 +55,8 @@ func hostState(t *testing.T) map[string]string {
 		var keep []string
 		for _, l := range strings.Split(out, "\n") {
 			// *-save stamps the time in comments; test pairs of packages
-			// and labs of test processes running beside this one come
-			// and go.
-			ns, _, _ := strings.Cut(l, " ")
-			if !strings.HasPrefix(l, "#") && !(name == "netns" && (strings.HasPrefix(l, "rpt-") || labOfAnother(ns, lab.NetnsPrefix))) {
+			// running beside this one come and go.
+			if !strings.HasPrefix(l, "#") && !(name == "netns" && strings.HasPrefix(l, "rpt-")) {
 				keep = append(keep, l)
 			}
 		}
@@ -68,7 +65,6 @@ func hostState(t *testing.T) map[string]string {
 	// The lab's rampart layer pins under roots of its own, and the tests'
 	// commands under the package's (TestMain); the host's are not touched.
 	labPins, _ := filepath.Glob(lab.PinRootPrefix + "*")
-	labPins = slices.DeleteFunc(labPins, func(p string) bool { return labOfAnother(p, lab.PinRootPrefix) })
 	s["lab pins"] = strings.Join(labPins, "\n")
 	_, err := os.Stat("/sys/fs/bpf/xdp-filter")
 	s["xdp-filter pins"] = fmt.Sprint(err == nil)
@@ -81,19 +77,6 @@ func hostState(t *testing.T) map[string]string {
 		s[root] = strings.Join(names, "\n")
 	}
 	return s
-}
-
-// labOfAnother reports whether name (prefix, a process id, the rest) is a
-// lab's of another process still running: the Makefile runs the tests that
-// mostly wait on daemons in a process of their own, beside these. A lab's
-// process that is gone, ours or a child's, left it behind.
-func labOfAnother(name, prefix string) bool {
-	rest, ok := strings.CutPrefix(name, prefix)
-	if !ok {
-		return false
-	}
-	pid, err := strconv.Atoi(strings.SplitN(rest, "-", 2)[0])
-	return err == nil && pid != os.Getpid() && testutil.Alive(pid)
 }
 
 func assertUnchanged(t *testing.T, before map[string]string) {
