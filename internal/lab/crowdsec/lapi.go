@@ -124,11 +124,21 @@ func (l *LAPI) Stop() {
 
 // Cscli runs cscli on the LAPI's configuration.
 func (l *LAPI) Cscli(args ...string) (string, error) {
-	out, err := InNetns(l.Netns, "cscli", append([]string{"-c", l.Conf}, args...)...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("cscli %s: %w\n%s", strings.Join(args, " "), err, out)
+	for try := 1; ; try++ {
+		out, err := InNetns(l.Netns, "cscli", append([]string{"-c", l.Conf}, args...)...).CombinedOutput()
+		if err == nil {
+			return string(out), nil
+		}
+		// SQLite takes one writer at a time, even with WAL: the LAPI
+		// answers a write of cscli's that meets one of its own
+		// (expiring decisions, say) "database is locked". It is made
+		// again: what of it went in is banned twice, which changes
+		// nothing.
+		if try == 5 || !strings.Contains(string(out), "database is locked") {
+			return string(out), fmt.Errorf("cscli %s: %w\n%s", strings.Join(args, " "), err, out)
+		}
+		time.Sleep(time.Duration(try) * 200 * time.Millisecond)
 	}
-	return string(out), nil
 }
 
 // InNetns is a command run in a named network namespace ("": this one).
