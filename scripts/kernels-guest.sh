@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# Runs inside a guest booted by scripts/kernels.sh (usage: OUT NAME [only|skip
-# RUN...]): the kernel tier's tests, sized for emulation, each package's test
-# binary from its package's directory as `go test` would; NAME "nics" runs
-# the NIC guest's tests. "only" runs just the runs named, "skip" all but
-# them (kernels.sh splits a kernel's runs over two guests so). Results go to OUT/NAME/: a log per run and one line per run
+# Runs inside a guest booted by scripts/kernels.sh (usage: OUT NAME): the
+# kernel tier's tests, sized for emulation, each package's test binary from
+# its package's directory as `go test` would; NAME "nics" runs the NIC
+# guest's tests. Results go to OUT/NAME/: a log per run and one line per run
 # in `results` ("PASS|FAIL name seconds"), and the name of the run under way
 # in `running`. A guest booted again after a panic skips the runs that already
 # have a result.
 set -uo pipefail
 out="$1"
 name="$2"
-pick="${3:-}"
-picked=" ${*:4} "
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 kernel="$(uname -r)"
 res="$out/$name"
@@ -27,10 +24,6 @@ export RAMPART_DIFF_FRAMES=20000 RAMPART_ORACLE_DATAGRAMS=5000 RAMPART_REAPPLY_D
 run() { # name package pattern
   local name="$1" pkg="$2" pattern="$3" start rc
   grep -q " $name " "$res/results" && return
-  case "$pick" in
-  only) [[ "$picked" == *" $name "* ]] || return 0 ;;
-  skip) [[ "$picked" == *" $name "* ]] && return 0 ;;
-  esac
   echo "$name" >"$res/running"
   start=$(date +%s)
   (cd "$repo/internal/$pkg" && timeout 900 "$out/bin/$pkg.test" -test.count=1 -test.v -test.timeout=850s \

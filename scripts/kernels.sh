@@ -35,19 +35,18 @@ report() {
   done <"$out/$name/results"
 }
 
-# guest NAME KERNEL PICK QEMU-OPTS VNG-ARGS...: boots the kernel (QEMU-OPTS
-# added to the one-thread emulation) and runs kernels-guest.sh (PICK, when
-# not empty, is "only RUN..." or "skip RUN..."),
+# guest NAME KERNEL QEMU-OPTS VNG-ARGS...: boots the kernel (QEMU-OPTS added
+# to the one-thread emulation) and runs kernels-guest.sh,
 # which writes its results to OUT/NAME. The guest's exit code does not come
 # back: the results file says. Its console (-v) shows the kernel's messages.
 guest() {
-  local name="$1" k="$2" pick="$3" opts="$TCG $4" start panicked=""
-  shift 4
+  local name="$1" k="$2" opts="$TCG $3" start panicked=""
+  shift 3
   start=$(date +%s)
   echo "$name: booting Linux $k under qemu"
   for try in 1 2 3 4; do
     timeout 1500 "$VNG" -v --run "$RAMPART_KERNEL_CACHE/$k/boot/vmlinuz-$k" --disable-kvm --memory 2G \
-      --rwdir "$out" --qemu-opts="$opts" "$@" --exec "bash $PWD/scripts/kernels-guest.sh $out $name $pick" >"$out/$name.console" 2>&1 || true
+      --rwdir "$out" --qemu-opts="$opts" "$@" --exec "bash $PWD/scripts/kernels-guest.sh $out $name" >"$out/$name.console" 2>&1 || true
     if grep -q "RESULT .* done" "$out/$name.console" || ! grep -q "Kernel panic" "$out/$name.console"; then
       break
     fi
@@ -107,26 +106,17 @@ nics_guest() {
       ip link set "$tap" master "rpk-br$b" up
     done
   done
-  guest nics "$nic_kernel" "" "$qemu" --cpus 4 --disable-microvm
+  guest nics "$nic_kernel" "$qemu" --cpus 4 --disable-microvm
 }
 
 # Each guest is one host thread: with two CPUs or more, the newest kernel's
 # guest (the longest) boots beside the others, which run one after another.
-# With the NIC guest in the second lane, the other kernels' runs named in
-# $moved go to the first, after the newest, in a guest of their own
-# (KERNEL-moved): the lanes then take about as long (6.12 alone 780 s
-# against 6.1 and the NIC guest 1,010 s here). Results are counted when all
-# are done.
-moved="lists"
+# Their lines are prefixed with the guest's name; results are counted when
+# all are done.
 lane() {
   local k
   for k in "$@"; do
-    case "$k" in
-    nics) nics_guest ;;
-    *"#moved") guest "${k%#*}-moved" "${k%#*}" "only $moved" "" --cpus 2 ;;
-    *"#kept") guest "${k%#*}" "${k%#*}" "skip $moved" "" --cpus 2 ;;
-    *) guest "$k" "$k" "" "" --cpus 2 ;;
-    esac
+    if [ "$k" = nics ]; then nics_guest; else guest "$k" "$k" "" --cpus 2; fi
   done
 }
 # Background jobs ignore Ctrl-C: an interrupted run stops the lanes' guests
@@ -143,24 +133,14 @@ stop_lanes() {
 }
 names=("${kernels[@]}")
 [ "$guests" != kernels ] && names+=(nics)
-reported=("${names[@]}")
 if [ "$(nproc)" -ge 2 ] && [ "${#kernels[@]}" -ge 1 ] && [ "${#names[@]}" -ge 2 ]; then
   newest="${kernels[-1]}"
-  first=("$newest")
   others=()
   for name in "${names[@]}"; do
-    if [ "$name" = "$newest" ]; then
-      continue
-    elif [ "$name" != nics ] && [ "$guests" = all ]; then
-      first+=("$name#moved")
-      others+=("$name#kept")
-      reported+=("$name-moved")
-    else
-      others+=("$name")
-    fi
+    [ "$name" = "$newest" ] || others+=("$name")
   done
   trap stop_lanes INT TERM
-  lane "${first[@]}" &
+  lane "$newest" &
   lanes+=($!)
   lane "${others[@]}" &
   lanes+=($!)
@@ -169,7 +149,7 @@ if [ "$(nproc)" -ge 2 ] && [ "${#kernels[@]}" -ge 1 ] && [ "${#names[@]}" -ge 2 
 else
   lane "${names[@]}"
 fi
-for name in "${reported[@]}"; do
+for name in "${names[@]}"; do
   report "$name"
 done
 
