@@ -40,7 +40,7 @@ check-generated: generate
 # guests only get slower, not beside the other packages' tests, some of
 # which measure rates: the cli package's tests run one after another, so
 # that these lengthened the longest package of the first step.
-APART := ^(TestCrowdSecBouncer|TestCrowdSecBadAnswers|TestLabCrowdSec|TestFlowSpec|TestFlowSpecBird|TestFlowSpecMalformed|TestFlowSpecScale|TestFlowSpecInterfaces)$$
+APART := ^(TestCrowdSecBouncer|TestCrowdSecBadAnswers|TestFlowSpec|TestFlowSpecBird|TestFlowSpecMalformed|TestFlowSpecScale|TestFlowSpecInterfaces)$$
 
 # The whole suite: formatting, tidy modules and vet, generated objects up to date, then every
 # test tier; the delay line's transfers last, alone on the CPUs; then the kernel tier, the same

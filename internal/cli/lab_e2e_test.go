@@ -55,10 +55,8 @@ func hostState(t *testing.T) map[string]string {
 		var keep []string
 		for _, l := range strings.Split(out, "\n") {
 			// *-save stamps the time in comments; test pairs of packages
-			// running beside this one come and go, and so do the NIC
-			// guest's taps and bridges (scripts/kernels.sh), which
-			// make test runs beside the tests in its APART.
-			if !strings.HasPrefix(l, "#") && !(name == "netns" && strings.HasPrefix(l, "rpt-")) && !(name == "links" && strings.Contains(l, ": rpk-")) {
+			// running beside this one come and go.
+			if !strings.HasPrefix(l, "#") && !(name == "netns" && strings.HasPrefix(l, "rpt-")) {
 				keep = append(keep, l)
 			}
 		}
