@@ -119,11 +119,10 @@ func (t *eqTable) id(k judgement) uint32 {
 }
 
 // pointField builds a field whose values (0 to values-1) are judged one by
-// one: st says how entry r fares with value v. eqs[v] is v's eq, the first
-// eq being first.
-func pointField(entries []abi.Rule, k keys, tests func(r int) bool, values int, first uint32,
-	st func(r, v int) status) (f field, eqs []uint32, table *eqTable) {
-	table = newEqTable(first)
+// one: st says how entry r fares with value v. eqs[v] is v's eq.
+func pointField(entries []abi.Rule, k keys, tests func(r int) bool, values int,
+	st func(r, v int) status) (f field, eqs []uint32) {
+	table := newEqTable(0)
 	f.cands = make([][]cand, len(entries))
 	var testers []int
 	for r := range entries {
@@ -154,7 +153,7 @@ func pointField(entries []abi.Rule, k keys, tests func(r int) bool, values int, 
 		}
 	}
 	f.n = int(table.next)
-	return f, eqs, table
+	return f, eqs
 }
 
 // rangeField builds a field whose entries each match one range of values
@@ -355,7 +354,7 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 		return func(r int) bool { return entries[r].Match&bit != 0 }
 	}
 	var fs [abi.NumFields]field
-	fs[abi.FieldFamily], _, _ = pointField(entries, k, tests(abi.MatchIPv4|abi.MatchIPv6), 2, 0, func(r, v int) status {
+	fs[abi.FieldFamily], _ = pointField(entries, k, tests(abi.MatchIPv4|abi.MatchIPv6), 2, func(r, v int) status {
 		switch m := entries[r].Match; {
 		case m&abi.MatchIPv4 != 0 && m&abi.MatchIPv6 != 0:
 			return stNo // a family: 4 rule on an IPv6 prefix, say: no frame
@@ -372,7 +371,7 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 		return int(entries[r].ProtoLo), int(entries[r].ProtoHi)
 	}, abi.ValueUnknownProto, []status{stUnknown})
 	copy(c.FieldEqs[abi.BaseProto:], eqs)
-	fs[abi.FieldFlags], eqs, _ = pointField(entries, k, tests(abi.MatchTCPFlags), abi.ValueUnknownFlags+1, 0, func(r, v int) status {
+	fs[abi.FieldFlags], eqs = pointField(entries, k, tests(abi.MatchTCPFlags), abi.ValueUnknownFlags+1, func(r, v int) status {
 		e := &entries[r]
 		switch {
 		case v == abi.ValueUnknownFlags:

@@ -53,9 +53,15 @@ func frameEqs(c *Classifier, src uint32, proto, sport, dport, flags int) func(ui
 	}
 }
 
-// feed is n rules as a FlowSpec feed sends them: a source list each (of
-// 32), UDP and a destination port of its own.
+// feed is n rules as a FlowSpec feed sends them, compiled.
 func feed(t testing.TB, n int) *Image {
+	return Build(feedPolicy(t, n, false))
+}
+
+// feedPolicy is n rules as a FlowSpec feed sends them: a source each, one
+// of 32 lists (or, inline, a /24 of its own), UDP and a destination port
+// of its own.
+func feedPolicy(t testing.TB, n int, inline bool) *policy.Policy {
 	var b strings.Builder
 	b.WriteString("lists:\n")
 	for k := range 32 {
@@ -63,13 +69,17 @@ func feed(t testing.TB, n int) *Image {
 	}
 	b.WriteString("rules:\n")
 	for i := range n {
-		fmt.Fprintf(&b, "  - {name: r%d, src: l%d, proto: udp, dport: %d, action: drop}\n", i, i%32, 1+i)
+		src := fmt.Sprintf("l%d", i%32)
+		if inline {
+			src = fmt.Sprintf("10.%d.%d.0/24", i>>8&255, i&255)
+		}
+		fmt.Fprintf(&b, "  - {name: r%d, src: %s, proto: udp, dport: %d, action: drop}\n", i, src, 1+i)
 	}
 	pol, err := policy.Parse("feed.yaml", []byte(b.String()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Build(pol)
+	return pol
 }
 
 // TestClassifierLeavesStaySmall: under 10,000 rules a frame reaches leaves
