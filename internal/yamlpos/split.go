@@ -40,19 +40,21 @@ func decodeSplit(data []byte, pieces int) (*yaml.Node, bool) {
 	if !ok || pieces < 2 || len(s.items) < 2*pieces || s.end-s.items[0] < splitMin {
 		return nil, false
 	}
-	// Cut at the first item past each share of the bytes.
+	// Cut at the first item past each share of the bytes: cuts are
+	// indexes of items, and the sequence's end.
 	start := s.items[0]
-	cuts := []int{start}
+	items := append(s.items, s.end)
+	cuts := []int{0}
 	for i, k := 1, 0; i < pieces; i++ {
 		at := start + (s.end-start)*i/pieces
 		for k < len(s.items) && s.items[k] < at {
 			k++
 		}
-		if k < len(s.items) && s.items[k] > cuts[len(cuts)-1] {
-			cuts = append(cuts, s.items[k])
+		if k < len(s.items) && k > cuts[len(cuts)-1] {
+			cuts = append(cuts, k)
 		}
 	}
-	cuts = append(cuts, s.end)
+	cuts = append(cuts, len(s.items))
 
 	// The rest of the document, every line where it was: the sequence's
 	// lines are left empty.
@@ -60,31 +62,27 @@ func decodeSplit(data []byte, pieces int) (*yaml.Node, bool) {
 	rest := slices.Concat(data[:start], blank, data[s.end:])
 	var doc yaml.Node
 	var restErr error
-	seqs := make([]*yaml.Node, len(cuts)-1)
+	seqs := make([][]*yaml.Node, len(cuts)-1)
+	oks := make([]bool, len(cuts)-1)
 	var wg sync.WaitGroup
 	wg.Go(func() { restErr = yaml.Unmarshal(rest, &doc) })
 	for i := range seqs {
-		wg.Go(func() {
-			var piece yaml.Node
-			if yaml.Unmarshal(data[cuts[i]:cuts[i+1]], &piece) != nil || len(piece.Content) != 1 || piece.Content[0].Kind != yaml.SequenceNode {
-				return
-			}
-			offsetLines(piece.Content[0], bytes.Count(data[:cuts[i]], []byte{'\n'}))
-			seqs[i] = piece.Content[0]
-		})
+		wg.Go(func() { seqs[i], oks[i] = decodeItems(data, items[cuts[i]:cuts[i+1]+1]) })
 	}
 	wg.Wait()
 	if restErr != nil || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
 		return nil, false
 	}
 	seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
-	for _, p := range seqs {
-		if p == nil {
+	for i, p := range seqs {
+		if !oks[i] {
 			return nil, false
 		}
-		seq.Content = append(seq.Content, p.Content...)
+		seq.Content = append(seq.Content, p...)
 	}
-	seq.Line, seq.Column = seqs[0].Line, seqs[0].Column
+	// The sequence is where its first item's "-" is.
+	seq.Line = bytes.Count(data[:start], []byte{'\n'}) + 1
+	seq.Column = len(data[start:]) - len(bytes.TrimLeft(data[start:], " ")) + 1
 	// The key the sequence was under now holds a null: it gets the
 	// sequence back.
 	top := doc.Content[0]
@@ -96,6 +94,48 @@ func decodeSplit(data []byte, pieces int) (*yaml.Node, bool) {
 		}
 	}
 	return nil, false
+}
+
+// decodeItems decodes the items starting at bounds (each item ends where
+// the next starts; the last bound ends the last): one of the simple form
+// by flowItem, runs of others by yaml.v3.
+func decodeItems(data []byte, bounds []int) ([]*yaml.Node, bool) {
+	var s slab
+	out := make([]*yaml.Node, 0, len(bounds)-1)
+	// One string for the piece: the nodes' values are its substrings.
+	base := bounds[0]
+	str := string(data[base:bounds[len(bounds)-1]])
+	line := bytes.Count(data[:bounds[0]], []byte{'\n'}) + 1
+	run, runLine := -1, 0 // the first item of a run left to yaml.v3, and its line
+	for k := range len(bounds) - 1 {
+		text := data[bounds[k]:bounds[k+1]]
+		if n, ok := s.flowItem(str[bounds[k]-base:bounds[k+1]-base], line); ok {
+			if run >= 0 && !decodeRun(data[bounds[run]:bounds[k]], runLine, &out) {
+				return nil, false
+			}
+			run = -1
+			out = append(out, n)
+		} else if run < 0 {
+			run, runLine = k, line
+		}
+		line += bytes.Count(text, []byte{'\n'})
+	}
+	if run >= 0 && !decodeRun(data[bounds[run]:bounds[len(bounds)-1]], runLine, &out) {
+		return nil, false
+	}
+	return out, true
+}
+
+// decodeRun decodes text, items of a sequence whose first is at line, by
+// yaml.v3, and appends them to out.
+func decodeRun(text []byte, line int, out *[]*yaml.Node) bool {
+	var piece yaml.Node
+	if yaml.Unmarshal(text, &piece) != nil || len(piece.Content) != 1 || piece.Content[0].Kind != yaml.SequenceNode {
+		return false
+	}
+	offsetLines(piece.Content[0], line-1)
+	*out = append(*out, piece.Content[0].Content...)
+	return true
 }
 
 // offsetLines moves n and everything under it down by lines.
@@ -115,7 +155,14 @@ func offsetLines(n *yaml.Node, lines int) {
 // another means); a line break other than LF and CRLF (yaml.v3 counts a
 // lone CR, NEL, LS and PS too: the pieces' lines would drift).
 func longestSequence(data []byte) (sequence, bool) {
-	if bytes.ContainsAny(data, "&*\u0085\u2028\u2029") || bytes.Count(data, []byte("\r")) != bytes.Count(data, []byte("\r\n")) {
+	// One fast pass a character: ContainsAny of a set with multibyte
+	// characters reads data a rune at a time.
+	for _, c := range []string{"&", "*", "\u0085", "\u2028", "\u2029"} {
+		if bytes.Contains(data, []byte(c)) {
+			return sequence{}, false
+		}
+	}
+	if bytes.Count(data, []byte("\r")) != bytes.Count(data, []byte("\r\n")) {
 		return sequence{}, false
 	}
 	var best, cur sequence
