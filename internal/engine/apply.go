@@ -419,7 +419,11 @@ func (tx *transaction) install(h Hook, st *hookState, objs *datapath.Objects, me
 		g.N = st.gens[len(st.gens)-1] + 1
 	}
 	g.AppliedAt = time.Now().UTC()
-	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules)
+	var from []int
+	if old != nil {
+		from = carryIndex(old.Rules, g.Rules)
+	}
+	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules, from)
 	if old != nil {
 		g.Mode = old.Mode
 		if g.FloodKey == ([2]uint64{}) { // a new generation of old's program
@@ -474,7 +478,7 @@ func (tx *transaction) install(h Hook, st *hookState, objs *datapath.Objects, me
 	reach("swapped")
 	// The old generation counted until the swap: carry its final counts.
 	g.Mode = mode
-	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules)
+	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules, from)
 	if err := fw.writeGen(h, &g); err != nil {
 		return Applied{}, err
 	}
@@ -561,7 +565,7 @@ func (fw *Firewall) swapBack(h Hook, from, to int) error {
 		current = g.Mode
 		// What the undone generation counted stays counted.
 		if live, events, err := fw.liveCounts(h, g); err == nil {
-			addCounts(back, g.Rules, live, events)
+			addCounts(back, carryIndex(g.Rules, back.Rules), live, events)
 		}
 	}
 	mode, _, err := datapath.Swap(fw.attachment(h), current, objs, back.Mode, true, back.syncookie())
@@ -583,22 +587,44 @@ func (fw *Firewall) removeHook(h Hook) error {
 // carry is the counts (and limit and cookie events) a new generation with
 // rules starts from: the old generation's carried counts plus what it
 // counted itself, for the fixed slots and for every rule whose name and
-// match stay.
-func (fw *Firewall) carry(h Hook, old *generation, rules []RuleInfo) ([]abi.Counter, []abi.RuleEvents) {
+// match stay (from: carryIndex(old.Rules, rules)).
+func (fw *Firewall) carry(h Hook, old *generation, rules []RuleInfo, from []int) ([]abi.Counter, []abi.RuleEvents) {
 	g := &generation{Rules: rules, Carried: make([]abi.Counter, abi.SlotRule0+len(rules)), CarriedEvents: make([]abi.RuleEvents, len(rules))}
 	if old == nil {
 		return g.Carried, g.CarriedEvents
 	}
-	addCounts(g, old.Rules, old.Carried, old.CarriedEvents)
+	addCounts(g, from, old.Carried, old.CarriedEvents)
 	if live, events, err := fw.liveCounts(h, old); err == nil {
-		addCounts(g, old.Rules, live, events)
+		addCounts(g, from, live, events)
 	}
 	return g.Carried, g.CarriedEvents
 }
 
-// addCounts adds counts (by the slots of rules) and events (by rule) into
-// to's carried ones.
-func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter, events []abi.RuleEvents) {
+// carryIndex is, for each of rules, the index in old of the first rule
+// with its name and match, or -1: whose counts it carries on.
+func carryIndex(old, rules []RuleInfo) []int {
+	type key struct{ name, match string }
+	was := make(map[key]int, len(old)) // a map, not a search: policies hold 100,000 rules
+	for j, o := range old {
+		if _, dup := was[key{o.Name, o.Match}]; !dup {
+			was[key{o.Name, o.Match}] = j
+		}
+	}
+	from := make([]int, len(rules))
+	for i, r := range rules {
+		j, ok := was[key{r.Name, r.Match}]
+		if !ok {
+			j = -1
+		}
+		from[i] = j
+	}
+	return from
+}
+
+// addCounts adds counts (by slot: the fixed ones, then the old rules') and
+// events (by old rule) into to's carried ones; from maps to's rules to the
+// old ones (carryIndex).
+func addCounts(to *generation, from []int, counts []abi.Counter, events []abi.RuleEvents) {
 	if len(to.Carried) < abi.SlotRule0+len(to.Rules) {
 		to.Carried = append(to.Carried, make([]abi.Counter, abi.SlotRule0+len(to.Rules)-len(to.Carried))...)
 	}
@@ -614,15 +640,8 @@ func addCounts(to *generation, rules []RuleInfo, counts []abi.Counter, events []
 	for slot := 0; slot < abi.SlotRule0; slot++ {
 		add(slot, slot)
 	}
-	type key struct{ name, match string }
-	was := make(map[key]int, len(rules)) // a map, not a search: policies hold 100,000 rules
-	for j, o := range rules {
-		if _, dup := was[key{o.Name, o.Match}]; !dup {
-			was[key{o.Name, o.Match}] = j
-		}
-	}
-	for i, r := range to.Rules {
-		if j, ok := was[key{r.Name, r.Match}]; ok {
+	for i, j := range from {
+		if j >= 0 {
 			add(abi.SlotRule0+i, abi.SlotRule0+j)
 			if j < len(events) {
 				to.CarriedEvents[i] = addEvents(to.CarriedEvents[i], events[j])

@@ -35,9 +35,9 @@ func TestRecordDropsTrailingZeros(t *testing.T) {
 	}
 	next := []RuleInfo{rules[2], rules[1], rules[0]}
 	whole := &generation{Rules: next}
-	addCounts(whole, g.Rules, g.Carried, g.CarriedEvents)
+	addCounts(whole, carryIndex(g.Rules, next), g.Carried, g.CarriedEvents)
 	trimmed := &generation{Rules: next}
-	addCounts(trimmed, back.Rules, back.Carried, back.CarriedEvents)
+	addCounts(trimmed, carryIndex(back.Rules, next), back.Carried, back.CarriedEvents)
 	if !reflect.DeepEqual(whole.Carried, trimmed.Carried) || !reflect.DeepEqual(whole.CarriedEvents, trimmed.CarriedEvents) {
 		t.Errorf("carried from the record %+v %+v, from the whole %+v %+v", trimmed.Carried, trimmed.CarriedEvents, whole.Carried, whole.CarriedEvents)
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"gopkg.in/yaml.v3"
 
@@ -154,21 +155,8 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 	if len(n.Content) > MaxRules {
 		return nil, p.errf(n, "rules", "%d rules; at most %d are supported", len(n.Content), MaxRules)
 	}
-	seen := map[string]int{}
-	entries := 0
-	for _, rn := range n.Content {
-		r, err := p.rule(rn, pol)
-		if err != nil {
-			return nil, err
-		}
-		if line, dup := seen[r.Name]; dup {
-			return nil, p.errf(rn, "name", "rule name %q already used at line %d", r.Name, line)
-		}
-		seen[r.Name] = r.Line
-		pol.Rules = append(pol.Rules, r)
-		if entries += r.Entries(pol.Lists); entries > MaxRules {
-			return nil, p.errf(rn, "rules", "with their port lists, the rules need more than %d match entries (a rule takes one per pair of its sport and dport ranges, for each inline prefix beside its lists)", MaxRules)
-		}
+	if err := p.rules(n.Content, pol); err != nil {
+		return nil, err
 	}
 	if _, refs := pol.Usage(); len(refs) > MaxLists {
 		return nil, p.errf(root, "rules", "rules refer to %d distinct lists; at most %d are supported (inline prefixes take none of them, and a list takes any number of files)", len(refs), MaxLists)
@@ -179,6 +167,63 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 		}
 	}
 	return pol, nil
+}
+
+// rules reads items, the rules, into pol: in pieces on every CPU, since a
+// feed's thousands take tens of milliseconds and each is read alone. Each
+// piece gathers the inline prefixes its rules name; they become lists
+// before its rules are checked against the ones before them (names used
+// twice, the entries' total), so that pol, and the error when there is
+// one, are what reading the rules in order makes.
+func (p *parser) rules(items []*yaml.Node, pol *Policy) error {
+	type piece struct {
+		rules  []Rule
+		inline map[string]*List
+		err    error // at the rule after the last of rules
+	}
+	pieces := make([]piece, max(1, min(runtime.GOMAXPROCS(0), len(items)/1000)))
+	var wg sync.WaitGroup
+	for i := range pieces {
+		part := items[len(items)*i/len(pieces) : len(items)*(i+1)/len(pieces)]
+		wg.Go(func() {
+			pc := &pieces[i]
+			pc.rules, pc.inline = make([]Rule, 0, len(part)), map[string]*List{}
+			for _, rn := range part {
+				r, err := p.rule(rn, pol.Lists, pc.inline)
+				if err != nil {
+					pc.err = err
+					return
+				}
+				pc.rules = append(pc.rules, r)
+			}
+		})
+	}
+	wg.Wait()
+	pol.Rules = make([]Rule, 0, len(items))
+	seen := make(map[string]int, len(items))
+	entries := 0
+	for _, pc := range pieces {
+		for name, l := range pc.inline {
+			if pol.Lists[name] == nil {
+				pol.Lists[name] = l
+			}
+		}
+		for _, r := range pc.rules {
+			rn := items[len(pol.Rules)]
+			if line, dup := seen[r.Name]; dup {
+				return p.errf(rn, "name", "rule name %q already used at line %d", r.Name, line)
+			}
+			seen[r.Name] = r.Line
+			pol.Rules = append(pol.Rules, r)
+			if entries += r.Entries(pol.Lists); entries > MaxRules {
+				return p.errf(rn, "rules", "with their port lists, the rules need more than %d match entries (a rule takes one per pair of its sport and dport ranges, for each inline prefix beside its lists)", MaxRules)
+			}
+		}
+		if pc.err != nil {
+			return pc.err
+		}
+	}
+	return nil
 }
 
 func (p *parser) lists(n *yaml.Node, pol *Policy) error {
@@ -303,7 +348,9 @@ var reservedNames = map[string]bool{"default": true, "malformed": true, "non-ip"
 
 var protoNames = map[string]int{"icmp": protoICMP, "tcp": protoTCP, "udp": protoUDP, "icmpv6": protoICMPv6}
 
-func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
+// rule reads a rule; its inline prefixes that are not in lists yet go
+// into inline.
+func (p *parser) rule(n *yaml.Node, lists, inline map[string]*List) (Rule, error) {
 	f, err := p.fields(n, "rule", "name", "src", "dst", "family", "proto", "sport", "dport", "tcp_flags", "length", "icmp_type", "icmp_code", "dscp", "flow_label", "fragment", "action", "rate", "burst", "per")
 	if err != nil {
 		return Rule{}, err
@@ -333,7 +380,7 @@ func (p *parser) rule(n *yaml.Node, pol *Policy) (Rule, error) {
 			return r, err
 		}
 		for _, v := range vals {
-			name, err := p.listRef(sn, side.key, v, pol)
+			name, err := p.listRef(sn, side.key, v, lists, inline)
 			if err != nil {
 				return r, err
 			}
@@ -616,8 +663,8 @@ func (p *parser) consistent(n *yaml.Node, r *Rule) error {
 
 // listRef resolves a src/dst value: a list name, or an inline prefix that
 // becomes a list of its own named by the prefix.
-func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, error) {
-	if _, ok := pol.Lists[v]; ok {
+func (p *parser) listRef(n *yaml.Node, field, v string, lists, inline map[string]*List) (string, error) {
+	if lists[v] != nil || inline[v] != nil {
 		return v, nil
 	}
 	pfx, err := ParsePrefix(v)
@@ -628,8 +675,8 @@ func (p *parser) listRef(n *yaml.Node, field, v string, pol *Policy) (string, er
 		return "", p.errf(n, field, "%q is neither a list defined under lists nor a prefix", v)
 	}
 	name := pfx.String()
-	if _, ok := pol.Lists[name]; !ok {
-		pol.Lists[name] = InlineList(pfx)
+	if lists[name] == nil && inline[name] == nil {
+		inline[name] = InlineList(pfx)
 	}
 	return name, nil
 }

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -210,5 +212,62 @@ default: pass
 	}
 	if k := web.MatchKey(); !strings.Contains(k, "dport=80,443,8000-8010") || !strings.Contains(k, "action=syncookie") {
 		t.Errorf("match key %q", k)
+	}
+}
+
+// TestRulesInPieces: rules read in pieces on several CPUs make the policy
+// rules read in order make, inline prefixes shared across pieces
+// included, and the error reported is the first in the file, whichever
+// piece finds it and whatever the check.
+func TestRulesInPieces(t *testing.T) {
+	feed := func(n int, bad map[int]string) []byte {
+		var b strings.Builder
+		b.WriteString("lists:\n  l: {prefixes: [192.0.2.0/24]}\nrules:\n")
+		for i := range n {
+			if line, ok := bad[i]; ok {
+				b.WriteString(line + "\n")
+				continue
+			}
+			// Prefixes repeat within and across pieces; every tenth is not canonical.
+			src := fmt.Sprintf("10.%d.%d.0/24", i%7, i%250)
+			if i%10 == 0 {
+				src = fmt.Sprintf("10.%d.%d.9/24", i%7, i%250)
+			}
+			fmt.Fprintf(&b, "  - {name: r%d, src: [l, %s], dport: %d, action: drop}\n", i, src, 1+i%1000)
+		}
+		return []byte(b.String())
+	}
+	parse := func(procs int, data []byte) (*Policy, error) {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		return Parse("p.yaml", data)
+	}
+	data := feed(8000, nil)
+	inOrder, err := parse(1, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inPieces, err := parse(4, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(inOrder, inPieces) {
+		t.Errorf("read in pieces, the policy differs from the one read in order")
+	}
+	for _, c := range []struct {
+		name string
+		bad  map[int]string
+		want string
+	}{
+		// The line of rule i is i+4.
+		{"a bad rule in a later piece than a name used twice", map[int]string{1500: "  - {name: r1, action: drop}", 6500: "  - {name: x, action: jump}"}, `p.yaml:1504: name: rule name "r1" already used at line 5`},
+		{"a name used twice in a later piece than a bad rule", map[int]string{1500: "  - {name: x, action: jump}", 6500: "  - {name: r1, action: drop}"}, `p.yaml:1504: action: "jump"`},
+		{"two bad rules in one piece", map[int]string{7000: "  - {name: x, proto: sctp-ish, action: drop}", 7001: "  - {name: y, action: jump}"}, `p.yaml:7004: proto:`},
+	} {
+		for _, procs := range []int{1, 4} {
+			_, err := parse(procs, feed(8000, c.bad))
+			if err == nil || !strings.HasPrefix(err.Error(), c.want) {
+				t.Errorf("%s, %d CPUs: got %v, want %s…", c.name, procs, err, c.want)
+			}
+		}
 	}
 }
