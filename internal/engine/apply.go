@@ -377,8 +377,9 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 	}
 	g := generation{PolicyFile: file, PolicyHash: hash, Default: pol.Default.String(),
 		Unparsed: pol.Unparsed.String(), Malformed: pol.MalformedAction().String(), Lists: map[string]ListInfo{}}
-	for _, r := range pol.Rules {
-		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: r.MatchKey(), Action: r.Action.String()})
+	keys := policy.MatchKeys(pol.Rules)
+	for i, r := range pol.Rules {
+		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: keys[i], Action: r.Action.String()})
 	}
 	for name, bit := range img.Lists {
 		if l := pol.Lists[name]; !l.Inline.IsValid() { // a rule's prefix is no list to change live

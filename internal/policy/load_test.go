@@ -271,3 +271,24 @@ func TestRulesInPieces(t *testing.T) {
 		}
 	}
 }
+
+// TestMatchKeys: the keys made on every CPU are each rule's MatchKey, in
+// order.
+func TestMatchKeys(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("rules:\n")
+	for i := range 5000 {
+		fmt.Fprintf(&b, "  - {name: r%d, src: 10.0.%d.0/24, dport: %d, action: drop}\n", i, i%250, i+1)
+	}
+	pol, err := Parse("p.yaml", []byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
+	keys := MatchKeys(pol.Rules)
+	for i := range pol.Rules {
+		if keys[i] != pol.Rules[i].MatchKey() {
+			t.Fatalf("rule %d: key %q, want %q", i, keys[i], pol.Rules[i].MatchKey())
+		}
+	}
+}

@@ -6,9 +6,11 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 )
@@ -189,6 +191,24 @@ func (r *Rule) Alternatives() []Rule {
 		return r.Alt
 	}
 	return []Rule{*r}
+}
+
+// MatchKeys are the rules' MatchKeys, made on every CPU: a feed's 10,000
+// take 15-20 ms one after another, at every apply, twice (warnings,
+// counters).
+func MatchKeys(rules []Rule) []string {
+	keys := make([]string, len(rules))
+	pieces := max(1, min(runtime.GOMAXPROCS(0), len(rules)/1000))
+	var wg sync.WaitGroup
+	for p := range pieces {
+		wg.Go(func() {
+			for i := len(rules) * p / pieces; i < len(rules)*(p+1)/pieces; i++ {
+				keys[i] = rules[i].MatchKey()
+			}
+		})
+	}
+	wg.Wait()
+	return keys
 }
 
 // MatchKey is a canonical text of what the rule matches. A rule whose name and

@@ -14,11 +14,12 @@ func unreachable(file string, pol *Policy) []Error {
 	warn := func(r *Rule, format string, args ...any) {
 		out = append(out, Error{File: file, Line: r.Line, Field: "rule", Msg: fmt.Sprintf("rule %q can never match: ", r.Name) + fmt.Sprintf(format, args...)})
 	}
-	seen := map[string]*Rule{}
+	seen := make(map[string]*Rule, len(pol.Rules))
 	var all *Rule
+	keys := MatchKeys(pol.Rules)
 	for i := range pol.Rules {
 		r := &pol.Rules[i]
-		key := strings.TrimSuffix(r.MatchKey(), ";action="+r.Action.String())
+		key := strings.TrimSuffix(keys[i], ";action="+r.Action.String())
 		switch {
 		case all != nil:
 			warn(r, "rule %q (line %d) before it matches every IP frame", all.Name, all.Line)
