@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -558,7 +559,7 @@ func (o *Objects) Activate() error {
 			return err
 		}
 	}
-	if err := eachOuter(gens, func(g genMap) error { return (*g.outer).Put(next, *g.inner) }); err != nil {
+	if err := changeOuter(gens, next, true); err != nil {
 		return fmt.Errorf("install the generation's maps: %w", err)
 	}
 	if err := o.setLive(next); err != nil {
@@ -572,7 +573,7 @@ func (o *Objects) Activate() error {
 		return errors.Join(err, o.setLive(uint32(cur)))
 	}
 	// What a failed delete leaves, the next activation replaces.
-	eachOuter(gens, func(g genMap) error { return (*g.outer).Delete(uint32(cur)) })
+	changeOuter(gens, uint32(cur), false)
 	return nil
 }
 
@@ -613,17 +614,81 @@ func (o *Objects) graceperiod(slot uint32) error {
 	return nil
 }
 
-// eachOuter runs change on every outer map at once. The kernel waits for
-// an RCU grace period after every change of an array of maps (8-16 ms
-// here), and concurrent waits share one: 22 changes in a row took 0.4 s.
-func eachOuter(gens []genMap, change func(genMap) error) error {
-	errs := make([]error, len(gens))
-	var wg sync.WaitGroup
+// changeOuter puts every generation map into slot of its outer map (put),
+// or empties the slot, and returns once every outer map shows the change.
+// The kernel waits for an RCU grace period after every change of an array
+// of maps (8-20 ms here), so that the caller knows no program still sees
+// the old element; these changes need no such wait (the slot put is not
+// live yet; the frames of the slot emptied were waited for before), so
+// the waits pass in the background, on duplicates of the descriptors that
+// the caller may close meanwhile. In a row, three such waits were most of
+// a flip; 22 changes one after another took 0.4 s.
+func changeOuter(gens []genMap, slot uint32, put bool) error {
+	done := make([]chan error, len(gens))
+	want := make([]ebpf.MapID, len(gens))
 	for i, g := range gens {
-		wg.Go(func() { errs[i] = change(g) })
+		outer, err := (*g.outer).Clone()
+		if err != nil {
+			return err
+		}
+		var inner *ebpf.Map
+		if put {
+			if inner, err = (*g.inner).Clone(); err == nil {
+				want[i], err = mapID(inner)
+			}
+			if err != nil {
+				outer.Close()
+				return errors.Join(err, inner.Close())
+			}
+		}
+		done[i] = make(chan error, 1)
+		go func() {
+			defer outer.Close()
+			if put {
+				defer inner.Close()
+				done[i] <- outer.Put(slot, inner)
+			} else {
+				done[i] <- outer.Delete(slot)
+			}
+		}()
 	}
-	wg.Wait()
+	var errs []error
+	for i, g := range gens {
+		errs = append(errs, awaitChange(g, slot, want[i], put, done[i]))
+	}
 	return errors.Join(errs...)
+}
+
+// awaitChange returns once g's outer map shows the change (slot holds want,
+// or is empty), or the change failed (done).
+func awaitChange(g genMap, slot uint32, want ebpf.MapID, put bool, done <-chan error) error {
+	for finished := false; ; {
+		var id ebpf.MapID
+		err := (*g.outer).Lookup(slot, &id)
+		if put && err == nil && id == want || !put && errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if finished {
+			return fmt.Errorf("%s: slot %d is not as it was just made", g.name, slot)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				return err
+			}
+			finished = true
+		case <-time.After(20 * time.Microsecond):
+		}
+	}
+}
+
+func mapID(m *ebpf.Map) (ebpf.MapID, error) {
+	info, err := m.Info()
+	if err != nil {
+		return 0, err
+	}
+	id, _ := info.ID()
+	return id, nil
 }
 
 // Pin places the objects in dir, which must not exist yet; on failure
