@@ -704,9 +704,15 @@ func (fw *Firewall) liveCounts(h Hook, g *generation) ([]abi.Counter, []abi.Rule
 	}
 	defer objs.Close()
 	counts, err := objs.ReadCounters(abi.SlotRule0 + len(g.Rules))
-	if err != nil {
-		return nil, nil, err
+	if err != nil || !slices.ContainsFunc(g.Rules, RuleInfo.hasEvents) {
+		return counts, nil, err // no rule of g counts events: they are all zero
 	}
 	events, err := objs.ReadEvents(len(g.Rules))
 	return counts, events, err
+}
+
+// hasEvents: the rule's action counts events (limit: over its rate;
+// syncookie: cookies sent, taken and refused).
+func (r RuleInfo) hasEvents() bool {
+	return r.Action == policy.Limit.String() || r.Action == policy.Syncookie.String()
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/vishvananda/netlink"
 
+	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/netns"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -509,5 +510,37 @@ func TestReapplyLeavesOtherHooks(t *testing.T) {
 	runsHash(t, fw, Hook{Iface: "second"}, hashB)
 	if got := delivered(t, p, 9100, 20); got != 0 {
 		t.Errorf("%d datagrams to 9100 arrived: A is not enforced", got)
+	}
+}
+
+// TestReapplyCarriesCounts: a re-apply carries each unchanged rule's
+// counts into the new generation's record, and a limit rule's events
+// (what went over its rate); a policy without limit or cookie rules
+// carries no events, which are all zero.
+func TestReapplyCarriesCounts(t *testing.T) {
+	p, fw := firewallOnPair(t)
+	dir := t.TempDir()
+	h := Hook{Iface: p.IfB}
+	const limited = "rules:\n  - {name: slow, proto: udp, dport: 9300, action: limit, rate: 5/s, burst: 5}\n  - {name: drop-9100, proto: udp, dport: 9100, action: drop}\n"
+	mustApply(t, fw, parse(t, dir, "a.yaml", limited), p.IfB)
+	delivered(t, p, 9300, 50)
+	delivered(t, p, 9100, 20)
+	old := liveGen(t, fw, h)
+	counts, events, err := fw.liveCounts(h, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events) == 0 || events[0].Over == 0 || counts[abi.SlotRule0+1].Packets != 20 {
+		t.Fatalf("the limit rule's events %+v, the drop rule counted %d packets: want some over the rate and 20", events, counts[abi.SlotRule0+1].Packets)
+	}
+	// The rules swap places, and one more comes first.
+	mustApply(t, fw, parse(t, dir, "b.yaml", "rules:\n  - {name: new, proto: tcp, action: pass}\n  - {name: drop-9100, proto: udp, dport: 9100, action: drop}\n  - {name: slow, proto: udp, dport: 9300, action: limit, rate: 5/s, burst: 5}\n"), p.IfB)
+	g := liveGen(t, fw, h)
+	if g.Carried[abi.SlotRule0+1] != counts[abi.SlotRule0+1] || g.CarriedEvents[2] != events[0] || g.Carried[abi.SlotRule0+2] != counts[abi.SlotRule0] {
+		t.Errorf("carried %+v %+v %+v, want %+v %+v %+v", g.Carried[abi.SlotRule0+1], g.Carried[abi.SlotRule0+2], g.CarriedEvents[2], counts[abi.SlotRule0+1], counts[abi.SlotRule0], events[0])
+	}
+	mustApply(t, fw, parse(t, dir, "c.yaml", policyA), p.IfB)
+	if _, events, err := fw.liveCounts(h, liveGen(t, fw, h)); err != nil || events != nil {
+		t.Errorf("a policy without limit or cookie rules: events %v (%v), want none read", events, err)
 	}
 }
