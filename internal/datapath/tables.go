@@ -91,7 +91,8 @@ type TableMaps struct {
 	OverlayV4, OverlayV6, OverlayLengths                                   *ebpf.Map
 }
 
-// Fill writes the tables into maps sized by TableSpecs.Size.
+// Fill writes the tables into fresh maps, empty and sized by
+// TableSpecs.Size.
 func (m TableMaps) Fill(t *compile.Tables) error {
 	for _, a := range []struct {
 		m    *ebpf.Map
@@ -105,7 +106,12 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 			return err
 		}
 	}
-	return m.ReplaceOverlay(t.OverlayV4, t.OverlayV6)
+	// The overlay maps are empty: their entries are written, not merged
+	// (ReplaceOverlay reads a table first, and a batch read walks every
+	// bucket of a hash map, a million for an empty overlay: 5-6 ms each).
+	want := overlayLengths(t.OverlayV4, t.OverlayV6)
+	return errors.Join(putOverlay(m.OverlayV4, t.OverlayV4), putOverlay(m.OverlayV6, t.OverlayV6),
+		m.OverlayLengths.Put(uint32(0), want[0]), m.OverlayLengths.Put(uint32(1), want[1]))
 }
 
 // Memlock is the kernel memory the tables account for.
