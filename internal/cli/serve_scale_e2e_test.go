@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -148,6 +149,20 @@ func TestServeAtScale(t *testing.T) {
 	}
 	sort.Slice(scrapes, func(i, j int) bool { return scrapes[i] < scrapes[j] })
 	t.Logf("%s", log.String()[max(0, len(log.String())-600):])
+	var reloadTook []time.Duration // the service's own time for each reload, from its log
+	for _, l := range strings.Split(log.String(), "\n") {
+		if _, v, ok := strings.Cut(l, "why=SIGHUP "); ok {
+			if _, v, ok = strings.Cut(v, " took="); ok {
+				if d, err := time.ParseDuration(strings.Fields(v)[0]); err == nil {
+					reloadTook = append(reloadTook, d)
+				}
+			}
+		}
+	}
+	if n := len(reloadTook); n > 0 {
+		slices.Sort(reloadTook)
+		t.Logf("%d reloads logged: median %v, 90th percentile %v, max %v", n, reloadTook[n/2], reloadTook[n*9/10], reloadTook[n-1])
+	}
 	t.Logf("%d reloads under traffic, counters monotonic; scrape of 256 rules: median %v, max %v; %d allowed datagrams, none lost",
 		reloads, scrapes[len(scrapes)/2].Round(time.Microsecond), scrapes[len(scrapes)-1].Round(time.Microsecond), sent.Load())
 	time.Sleep(2 * time.Second) // at rest
