@@ -628,50 +628,73 @@ func (o *Objects) graceperiod(slot uint32) error {
 // the caller may close meanwhile. In a row, three such waits were most of
 // a flip; 22 changes one after another took 0.4 s.
 func changeOuter(gens []genMap, slot uint32, put bool) error {
-	done := make([]chan error, len(gens))
-	want := make([]ebpf.MapID, len(gens))
-	for i, g := range gens {
-		outer, err := (*g.outer).Clone()
-		if err != nil {
-			return err
+	type change struct {
+		g            genMap
+		outer, inner *ebpf.Map // duplicates, the goroutine's own
+		want         ebpf.MapID
+		done         chan error
+	}
+	var changes []change
+	drop := func() {
+		for _, c := range changes {
+			c.outer.Close()
+			c.inner.Close()
 		}
-		var inner *ebpf.Map
+	}
+	// Every descriptor is duplicated before any change starts, so that a
+	// failure leaves nothing changing behind the caller's back; a slot
+	// already as wanted gets no change, so that a change seen is this
+	// call's own.
+	for _, g := range gens {
+		c := change{g: g, done: make(chan error, 1)}
+		var err error
 		if put {
-			if inner, err = (*g.inner).Clone(); err == nil {
-				want[i], err = mapID(inner)
-			}
-			if err != nil {
-				outer.Close()
-				return errors.Join(err, inner.Close())
-			}
+			c.want, err = mapID(*g.inner)
 		}
-		done[i] = make(chan error, 1)
+		if err == nil && shows(g, slot, c.want, put) {
+			continue
+		}
+		if err == nil {
+			c.outer, err = (*g.outer).Clone()
+		}
+		if err == nil && put {
+			c.inner, err = (*g.inner).Clone()
+		}
+		if err != nil {
+			drop()
+			return errors.Join(err, c.outer.Close())
+		}
+		changes = append(changes, c)
+	}
+	for _, c := range changes {
 		go func() {
-			defer outer.Close()
+			defer c.outer.Close()
+			defer c.inner.Close()
 			if put {
-				defer inner.Close()
-				done[i] <- outer.Put(slot, inner)
+				c.done <- c.outer.Put(slot, c.inner)
 			} else {
-				done[i] <- outer.Delete(slot)
+				c.done <- c.outer.Delete(slot)
 			}
 		}()
 	}
 	var errs []error
-	for i, g := range gens {
-		errs = append(errs, awaitChange(g, slot, want[i], put, done[i]))
+	for _, c := range changes {
+		errs = append(errs, awaitChange(c.g, slot, c.want, put, c.done))
 	}
 	return errors.Join(errs...)
+}
+
+// shows: g's outer map holds want in slot (put), or nothing there.
+func shows(g genMap, slot uint32, want ebpf.MapID, put bool) bool {
+	var id ebpf.MapID
+	err := (*g.outer).Lookup(slot, &id)
+	return put && err == nil && id == want || !put && errors.Is(err, ebpf.ErrKeyNotExist)
 }
 
 // awaitChange returns once g's outer map shows the change (slot holds want,
 // or is empty), or the change failed (done).
 func awaitChange(g genMap, slot uint32, want ebpf.MapID, put bool, done <-chan error) error {
-	for finished := false; ; {
-		var id ebpf.MapID
-		err := (*g.outer).Lookup(slot, &id)
-		if put && err == nil && id == want || !put && errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
+	for finished := false; !shows(g, slot, want, put); {
 		if finished {
 			return fmt.Errorf("%s: slot %d is not as it was just made", g.name, slot)
 		}
@@ -684,6 +707,7 @@ func awaitChange(g genMap, slot uint32, want ebpf.MapID, put bool, done <-chan e
 		case <-time.After(20 * time.Microsecond):
 		}
 	}
+	return nil
 }
 
 func mapID(m *ebpf.Map) (ebpf.MapID, error) {

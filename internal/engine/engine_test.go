@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -540,6 +541,9 @@ func TestReapplyCarriesCounts(t *testing.T) {
 		t.Errorf("carried %+v %+v %+v, want %+v %+v %+v", g.Carried[abi.SlotRule0+1], g.Carried[abi.SlotRule0+2], g.CarriedEvents[2], counts[abi.SlotRule0+1], counts[abi.SlotRule0], events[0])
 	}
 	mustApply(t, fw, parse(t, dir, "c.yaml", policyA), p.IfB)
+	if slices.ContainsFunc(liveGen(t, fw, h).Rules, RuleInfo.hasEvents) {
+		t.Fatal("policy A has a limit or cookie rule: it cannot show that events go unread")
+	}
 	if _, events, err := fw.liveCounts(h, liveGen(t, fw, h)); err != nil || events != nil {
 		t.Errorf("a policy without limit or cookie rules: events %v (%v), want none read", events, err)
 	}

@@ -14,11 +14,11 @@ import (
 // yaml.v3 spends about 20 µs on such a line (its scanner, parser and
 // composer each allocate), most of what a 10,000-rule apply costs. A line
 // of that simple form is read here into the nodes yaml.v3 makes of it
-// (kind, style, tag, value, line and column: the tests hold the two to
-// each other node for node, and fuzz the reader against yaml.v3); anything
-// else (a quote with an escape, a nested mapping, a tab, a character
-// outside printable ASCII, a key without a space after its colon, a line
-// that continues) is left to yaml.v3.
+// (kind, style, tag, value, line and column, no comments: the tests hold
+// the two to each other node for node, and fuzz the reader against
+// yaml.v3); anything else (a quote with an escape, a nested mapping, a tab
+// outside a comment, a character outside printable ASCII, a key without a
+// space after its colon, a line that continues) is left to yaml.v3.
 
 // slab hands out nodes and pointer slices in chunks: a flow item's few
 // nodes would otherwise be as many allocations.

@@ -118,9 +118,12 @@ func FuzzFlowItem(f *testing.F) {
 			return // a lone CR is a line break to yaml.v3; a document with one is never split
 		}
 		text := line + "\n" + after
-		var s slab
-		if n, ok := s.flowItem(text, 1); ok {
-			checkSameItem(t, text, 1, n)
+		// As written, and with CRLF line ends.
+		for _, text := range []string{text, strings.ReplaceAll(text, "\n", "\r\n")} {
+			var s slab
+			if n, ok := s.flowItem(text, 1); ok {
+				checkSameItem(t, text, 1, n)
+			}
 		}
 	})
 }
