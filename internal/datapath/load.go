@@ -528,12 +528,8 @@ func (o *Objects) IsLive() (bool, error) {
 	if err != nil || id == 0 {
 		return false, err
 	}
-	info, err := o.Configs.Info()
-	if err != nil {
-		return false, err
-	}
-	own, _ := info.ID()
-	return id == own, nil
+	own, err := mapID(o.Configs)
+	return err == nil && id == own, err
 }
 
 // Activate makes o's maps those its programs read, at once for every
@@ -710,6 +706,7 @@ func awaitChange(g genMap, slot uint32, want ebpf.MapID, put bool, done <-chan e
 	return nil
 }
 
+// mapID is the kernel's id of m.
 func mapID(m *ebpf.Map) (ebpf.MapID, error) {
 	info, err := m.Info()
 	if err != nil {

@@ -106,12 +106,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 			return err
 		}
 	}
-	// The overlay maps are empty: their entries are written, not merged
-	// (ReplaceOverlay reads a table first, and a batch read walks every
-	// bucket of a hash map, a million for an empty overlay: 5-6 ms each).
-	want := overlayLengths(t.OverlayV4, t.OverlayV6)
-	return errors.Join(putOverlay(m.OverlayV4, t.OverlayV4), putOverlay(m.OverlayV6, t.OverlayV6),
-		m.OverlayLengths.Put(uint32(0), want[0]), m.OverlayLengths.Put(uint32(1), want[1]))
+	return m.writeOverlay(t.OverlayV4, t.OverlayV6, true)
 }
 
 // Memlock is the kernel memory the tables account for.
