@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -176,7 +175,16 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 	}
 	folded := foldOps(ops, pols, req.Fold)
-	records := fw.readAhead(hooks)
+	// Every hook's state is read before the first swap: a new generation
+	// of a program several hooks run is live on all of them once the
+	// first swaps, and the others' generations no longer look live.
+	states := make([]*hookState, len(hooks))
+	for i, h := range hooks {
+		if states[i], err = fw.state(h); err != nil {
+			return nil, err
+		}
+	}
+	olds := fw.readAhead(hooks, states)
 	// The flood key is read (from the live generation's record) only for
 	// a new program: a new generation keeps its program's.
 	var key [2]uint64
@@ -214,23 +222,14 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 			loaded[i].meta.FloodKey = key
 		}
 	}
-	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow), records: records}
+	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
 		res.ConfirmDeadline = tx.deadline.UTC()
 	}
-	// Every hook's state is read before the first swap: a new generation
-	// of a program several hooks run is live on all of them once the
-	// first swaps, and the others' generations no longer look live.
-	states := make([]*hookState, len(hooks))
-	for i, h := range hooks {
-		if states[i], err = fw.state(h); err != nil {
-			return nil, err
-		}
-	}
 	for i, h := range hooks {
 		l := loaded[polOf[h.Iface]]
-		a, err := tx.install(h, states[i], l.objs, l.meta, mode, req.Force)
+		a, err := tx.install(h, states[i], <-olds[i], l.objs, l.meta, mode, req.Force)
 		if err != nil {
 			return nil, errors.Join(fmt.Errorf("%s: %w", h, err), tx.rollback())
 		}
@@ -398,42 +397,24 @@ type transaction struct {
 	watched  bool
 	deadline time.Time
 	done     []step
-	records  map[Hook]func() (int, *generation) // read ahead: readAhead
 }
 
 // readAhead reads the record of each hook's live generation on a
 // goroutine while the policies compile: a 10,000-rule policy's is 1.3 MB
-// of JSON, 30 ms to decode. What it returns gives the generation read and
-// its record (nil if unreadable), once read.
-func (fw *Firewall) readAhead(hooks []Hook) map[Hook]func() (int, *generation) {
-	out := map[Hook]func() (int, *generation){}
-	for _, h := range hooks {
-		st, err := fw.state(h)
-		if err != nil || st.live == 0 {
-			continue
-		}
-		n, done := st.live, make(chan *generation, 1)
+// of JSON, 30 ms to decode. Hook i's comes on the i-th channel, nil when
+// it has none or it is unreadable: an unreadable record carries nothing
+// over, and the new one is written whole, which is how status says to
+// mend it.
+func (fw *Firewall) readAhead(hooks []Hook, states []*hookState) []chan *generation {
+	out := make([]chan *generation, len(hooks))
+	for i, h := range hooks {
+		out[i] = make(chan *generation, 1)
 		go func() {
-			g, _ := fw.readGen(h, n)
-			done <- g
+			g, _ := fw.readGen(h, states[i].live)
+			out[i] <- g
 		}()
-		out[h] = sync.OnceValues(func() (int, *generation) { return n, <-done })
 	}
 	return out
-}
-
-// record is the record of the hook's generation n: the one read ahead
-// when n is still the one read, else read now. An unreadable record
-// carries nothing over: the new one is written whole, which is how status
-// says to mend it.
-func (tx *transaction) record(h Hook, n int) *generation {
-	if read := tx.records[h]; read != nil {
-		if m, g := read(); m == n {
-			return g
-		}
-	}
-	g, _ := tx.fw.readGen(h, n)
-	return g
 }
 
 // step is one hook the transaction changed, and how to put it back.
@@ -446,10 +427,9 @@ type step struct {
 
 // install pins objs as the hook's next generation, describes it, journals
 // the intent, and swaps the hook to it; st is the hook's state before the
-// transaction.
-func (tx *transaction) install(h Hook, st *hookState, objs *datapath.Objects, meta generation, want datapath.Mode, force bool) (Applied, error) {
+// transaction, old its live generation's record (nil: none).
+func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *datapath.Objects, meta generation, want datapath.Mode, force bool) (Applied, error) {
 	fw := tx.fw
-	old := tx.record(h, st.live)
 	g := meta
 	g.N = 1
 	if len(st.gens) > 0 {
