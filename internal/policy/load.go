@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"gopkg.in/yaml.v3"
 
@@ -181,24 +180,19 @@ func (p *parser) rules(items []*yaml.Node, pol *Policy) error {
 		inline map[string]*List
 		err    error // at the rule after the last of rules
 	}
-	pieces := make([]piece, max(1, min(runtime.GOMAXPROCS(0), len(items)/1000)))
-	var wg sync.WaitGroup
-	for i := range pieces {
-		part := items[len(items)*i/len(pieces) : len(items)*(i+1)/len(pieces)]
-		wg.Go(func() {
-			pc := &pieces[i]
-			pc.rules, pc.inline = make([]Rule, 0, len(part)), map[string]*List{}
-			for _, rn := range part {
-				r, err := p.rule(rn, pol.Lists, pc.inline)
-				if err != nil {
-					pc.err = err
-					return
-				}
-				pc.rules = append(pc.rules, r)
+	pieces := make([]piece, piecesOf(len(items)))
+	inPieces(len(items), len(pieces), func(i, lo, hi int) {
+		pc := &pieces[i]
+		pc.rules, pc.inline = make([]Rule, 0, hi-lo), map[string]*List{}
+		for _, rn := range items[lo:hi] {
+			r, err := p.rule(rn, pol.Lists, pc.inline)
+			if err != nil {
+				pc.err = err
+				return
 			}
-		})
-	}
-	wg.Wait()
+			pc.rules = append(pc.rules, r)
+		}
+	})
 	pol.Rules = make([]Rule, 0, len(items))
 	seen := make(map[string]int, len(items))
 	entries := 0

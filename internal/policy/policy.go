@@ -198,18 +198,27 @@ func (r *Rule) Alternatives() []Rule {
 // counters).
 func MatchKeys(rules []Rule) []string {
 	keys := make([]string, len(rules))
-	pieces := max(1, min(runtime.GOMAXPROCS(0), len(rules)/1000))
-	var wg sync.WaitGroup
-	for p := range pieces {
-		wg.Go(func() {
-			for i := len(rules) * p / pieces; i < len(rules)*(p+1)/pieces; i++ {
-				keys[i] = rules[i].MatchKey()
-			}
-		})
-	}
-	wg.Wait()
+	inPieces(len(rules), piecesOf(len(rules)), func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			keys[i] = rules[i].MatchKey()
+		}
+	})
 	return keys
 }
+
+// inPieces runs do over [0, n) cut into pieces, each on a goroutine of its
+// own, and returns once every piece is done.
+func inPieces(n, pieces int, do func(piece, lo, hi int)) {
+	var wg sync.WaitGroup
+	for p := range pieces {
+		wg.Go(func() { do(p, n*p/pieces, n*(p+1)/pieces) })
+	}
+	wg.Wait()
+}
+
+// piecesOf is how many pieces n items are worth: one per CPU, and none of
+// fewer than 1,000 items, whose goroutine would cost more than it saves.
+func piecesOf(n int) int { return max(1, min(runtime.GOMAXPROCS(0), n/1000)) }
 
 // MatchKey is a canonical text of what the rule matches. A rule whose name and
 // MatchKey survive a re-apply keeps its counters.
