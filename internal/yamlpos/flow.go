@@ -49,18 +49,10 @@ func (s *slab) content(n int) []*yaml.Node {
 // and any blank or comment-only lines after it), into the item's node;
 // false when the item is not of the simple form.
 func (s *slab) flowItem(text string, line int) (*yaml.Node, bool) {
-	first := text
-	for i := range len(text) {
-		if text[i] == '\n' {
-			first = text[:i]
-			if !onlyComments(text[i+1:]) {
-				return nil, false
-			}
-			break
-		}
-	}
-	if len(first) > 0 && first[len(first)-1] == '\r' {
-		first = first[:len(first)-1]
+	first, rest, _ := strings.Cut(text, "\n")
+	first = strings.TrimSuffix(first, "\r")
+	if !onlyComments(rest) {
+		return nil, false
 	}
 	r := flowReader{s: s, text: first, line: line}
 	for r.at < len(first) && first[r.at] == ' ' {
@@ -76,22 +68,16 @@ func (s *slab) flowItem(text string, line int) (*yaml.Node, bool) {
 	return m, true
 }
 
-// onlyComments: every line of text is blank or a comment.
+// onlyComments: every line of text is blank or a comment of printable
+// ASCII and tabs (yaml.v3 refuses control characters and invalid UTF-8
+// even there), its break LF or CRLF.
 func onlyComments(text string) bool {
-	blank := true // at the start of a line, nothing but spaces yet
-	comment := false
-	for i := range len(text) {
-		switch c := text[i]; {
-		case c == '\n':
-			blank, comment = true, false
-		case comment:
-			if !commentChar(c) && c != '\r' {
-				return false
-			}
-		case c == ' ' || c == '\r':
-		case c == '#' && blank:
-			comment = true
-		default:
+	for line := range strings.Lines(text) {
+		body := strings.TrimLeft(strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r"), " ")
+		if body == "" {
+			continue
+		}
+		if body[0] != '#' || strings.ContainsFunc(body, func(c rune) bool { return (c < ' ' || c >= 0x7f) && c != '\t' }) {
 			return false
 		}
 	}
@@ -122,25 +108,10 @@ func (r *flowReader) spaces() bool {
 	return r.at > from
 }
 
-// end: the rest of the line is spaces, then perhaps a comment after one.
+// end: the rest of the line is nothing, or spaces and perhaps a comment.
 func (r *flowReader) end() bool {
-	if r.at == len(r.text) {
-		return true
-	}
-	if !r.spaces() || r.at < len(r.text) && r.text[r.at] != '#' {
-		return false
-	}
-	for i := r.at; i < len(r.text); i++ {
-		if !commentChar(r.text[i]) {
-			return false
-		}
-	}
-	return true
+	return r.at == len(r.text) || r.spaces() && onlyComments(r.text[r.at:])
 }
-
-// commentChar: a comment of printable ASCII and tabs is the simple form
-// (yaml.v3 refuses control characters and invalid UTF-8 even there).
-func commentChar(c byte) bool { return c >= ' ' && c < 0x7f || c == '\t' }
 
 func (r *flowReader) newNode(kind yaml.Kind, style yaml.Style, tag string, at int) *yaml.Node {
 	n := r.s.node()

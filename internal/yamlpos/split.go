@@ -3,6 +3,7 @@ package yamlpos
 import (
 	"bytes"
 	"slices"
+	"strings"
 	"sync"
 
 	"gopkg.in/yaml.v3"
@@ -62,20 +63,19 @@ func decodeSplit(data []byte, pieces int) (*yaml.Node, bool) {
 	rest := slices.Concat(data[:start], blank, data[s.end:])
 	var doc yaml.Node
 	var restErr error
-	seqs := make([][]*yaml.Node, len(cuts)-1)
-	oks := make([]bool, len(cuts)-1)
+	seqs := make([][]*yaml.Node, len(cuts)-1) // a piece's items, nil if it failed
 	var wg sync.WaitGroup
 	wg.Go(func() { restErr = yaml.Unmarshal(rest, &doc) })
 	for i := range seqs {
-		wg.Go(func() { seqs[i], oks[i] = decodeItems(data, items[cuts[i]:cuts[i+1]+1]) })
+		wg.Go(func() { seqs[i] = decodeItems(data, items[cuts[i]:cuts[i+1]+1]) })
 	}
 	wg.Wait()
 	if restErr != nil || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
 		return nil, false
 	}
 	seq := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
-	for i, p := range seqs {
-		if !oks[i] {
+	for _, p := range seqs {
+		if p == nil {
 			return nil, false
 		}
 		seq.Content = append(seq.Content, p...)
@@ -98,32 +98,32 @@ func decodeSplit(data []byte, pieces int) (*yaml.Node, bool) {
 
 // decodeItems decodes the items starting at bounds (each item ends where
 // the next starts; the last bound ends the last): one of the simple form
-// by flowItem, runs of others by yaml.v3.
-func decodeItems(data []byte, bounds []int) ([]*yaml.Node, bool) {
+// by flowItem, runs of others by yaml.v3. Nil when one fails.
+func decodeItems(data []byte, bounds []int) []*yaml.Node {
 	var s slab
 	out := make([]*yaml.Node, 0, len(bounds)-1)
 	// One string for the piece: the nodes' values are its substrings.
 	base := bounds[0]
 	str := string(data[base:bounds[len(bounds)-1]])
-	line := bytes.Count(data[:bounds[0]], []byte{'\n'}) + 1
+	line := bytes.Count(data[:base], []byte{'\n'}) + 1
 	run, runLine := -1, 0 // the first item of a run left to yaml.v3, and its line
 	for k := range len(bounds) - 1 {
-		text := data[bounds[k]:bounds[k+1]]
-		if n, ok := s.flowItem(str[bounds[k]-base:bounds[k+1]-base], line); ok {
+		text := str[bounds[k]-base : bounds[k+1]-base]
+		if n, ok := s.flowItem(text, line); ok {
 			if run >= 0 && !decodeRun(data[bounds[run]:bounds[k]], runLine, &out) {
-				return nil, false
+				return nil
 			}
 			run = -1
 			out = append(out, n)
 		} else if run < 0 {
 			run, runLine = k, line
 		}
-		line += bytes.Count(text, []byte{'\n'})
+		line += strings.Count(text, "\n")
 	}
 	if run >= 0 && !decodeRun(data[bounds[run]:bounds[len(bounds)-1]], runLine, &out) {
-		return nil, false
+		return nil
 	}
-	return out, true
+	return out
 }
 
 // decodeRun decodes text, items of a sequence whose first is at line, by
