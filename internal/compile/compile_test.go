@@ -1,6 +1,8 @@
 package compile
 
 import (
+	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
 	"slices"
@@ -348,5 +350,19 @@ func TestV6WideAndNarrow(t *testing.T) {
 		if got := tb.Lookup(netip.MustParseAddr(addr), nil); got != want {
 			t.Errorf("%s: lists %03b, want %03b", addr, got, want)
 		}
+	}
+}
+
+// Hash takes the rules' bytes as they lie in memory; with no padding in
+// the layout they are what binary.Write makes of them, so a policy keeps
+// its hash.
+func TestHashRulesAsWritten(t *testing.T) {
+	rules := []abi.Rule{{SrcLists: 1, Match: 2, DportLo: 3, Action: 4, Rule: 5, FlowHi: 6}, {DstLists: 7, FragClear: 8}}
+	var b bytes.Buffer
+	if err := binary.Write(&b, binary.LittleEndian, rules); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b.Bytes(), AsBytes(rules)) {
+		t.Fatalf("abi.Rule in memory (%d bytes) is not as binary.Write writes it (%d bytes): padding in the layout?", len(AsBytes(rules)), b.Len())
 	}
 }

