@@ -136,8 +136,19 @@ func NewList(name string, prefixes []netip.Prefix) *List {
 // InlineList is the list of a rule's inline prefix p, named by it.
 func InlineList(p netip.Prefix) *List {
 	p = p.Masked()
-	l := NewList(p.String(), []netip.Prefix{p})
-	l.Inline = p
+	return inlineList(p, p.String())
+}
+
+// inlineList is InlineList of a masked prefix named already: what NewList
+// makes of it, without the builder's merging, since a feed names
+// thousands.
+func inlineList(p netip.Prefix, name string) *List {
+	l := &List{Name: name, Entries: 1, Inline: p}
+	if p.Addr().Is4() {
+		l.V4 = []Range4{PrefixRange4(p)}
+	} else {
+		l.V6 = []Range6{PrefixRange6(p)}
+	}
 	return l
 }
 

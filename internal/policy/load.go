@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/netip"
 	"path/filepath"
@@ -46,8 +47,13 @@ func Load(path string, opt Options) (*Policy, error) {
 	// not set the heap goal of what comes next, the tables' build: peak
 	// memory for ten million IPv6 prefixes falls by a third. Small lists
 	// leave too little to be worth a collection's pause.
-	if pol != nil && slices.ContainsFunc(pol.ListNames(), func(n string) bool { return pol.Lists[n].Entries >= bigList }) {
-		runtime.GC()
+	if pol != nil {
+		for _, l := range pol.Lists {
+			if l.Entries >= bigList {
+				runtime.GC()
+				break
+			}
+		}
 	}
 	return pol, err
 }
@@ -183,7 +189,7 @@ func (p *parser) rules(items []*yaml.Node, pol *Policy) error {
 	pieces := make([]piece, piecesOf(len(items)))
 	inPieces(len(items), len(pieces), func(i, lo, hi int) {
 		pc := &pieces[i]
-		pc.rules, pc.inline = make([]Rule, 0, hi-lo), map[string]*List{}
+		pc.rules, pc.inline = make([]Rule, 0, hi-lo), make(map[string]*List, hi-lo)
 		for _, rn := range items[lo:hi] {
 			r, err := p.rule(rn, pol.Lists, pc.inline)
 			if err != nil {
@@ -193,6 +199,16 @@ func (p *parser) rules(items []*yaml.Node, pol *Policy) error {
 			pc.rules = append(pc.rules, r)
 		}
 	})
+	// Sized once for the inline prefixes, rather than grown as they come.
+	lists := len(pol.Lists)
+	for _, pc := range pieces {
+		lists += len(pc.inline)
+	}
+	if lists > len(pol.Lists) {
+		grown := make(map[string]*List, lists)
+		maps.Copy(grown, pol.Lists)
+		pol.Lists = grown
+	}
 	pol.Rules = make([]Rule, 0, len(items))
 	seen := make(map[string]int, len(items))
 	entries := 0
@@ -670,7 +686,7 @@ func (p *parser) listRef(n *yaml.Node, field, v string, lists, inline map[string
 	}
 	name := pfx.String()
 	if lists[name] == nil && inline[name] == nil {
-		inline[name] = InlineList(pfx)
+		inline[name] = inlineList(pfx, name)
 	}
 	return name, nil
 }

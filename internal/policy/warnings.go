@@ -49,6 +49,9 @@ func (r *Rule) matchesAll() bool {
 // familyConflict says why the rule's family and lists exclude each other
 // ("" when they do not).
 func (pol *Policy) familyConflict(r *Rule) string {
+	if r.Family == 0 && (len(r.Src) == 0 || len(r.Dst) == 0) {
+		return "" // what follows checks a family against lists, or source lists against destination lists
+	}
 	families := func(names []string) (v4, v6 bool) {
 		for _, n := range names {
 			l := pol.Lists[n]
