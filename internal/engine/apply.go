@@ -3,9 +3,11 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -380,7 +382,7 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 		Unparsed: pol.Unparsed.String(), Malformed: pol.MalformedAction().String(), Lists: map[string]ListInfo{}}
 	keys := policy.MatchKeys(pol.Rules)
 	for i, r := range pol.Rules {
-		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: keys[i], Action: r.Action.String()})
+		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: matchDigest(keys[i]), Action: r.Action.String()})
 	}
 	for name, bit := range img.Lists {
 		if l := pol.Lists[name]; !l.Inline.IsValid() { // a rule's prefix is no list to change live
@@ -621,21 +623,39 @@ func (fw *Firewall) carry(h Hook, old *generation, rules []RuleInfo, from []int)
 // with its name and match, or -1: whose counts it carries on.
 func carryIndex(old, rules []RuleInfo) []int {
 	type key struct{ name, match string }
+	keyOf := func(r RuleInfo) key {
+		if strings.Contains(r.Match, "=") { // a match key, from an earlier release's record
+			return key{r.Name, matchDigest(r.Match)}
+		}
+		return key{r.Name, r.Match}
+	}
 	was := make(map[key]int, len(old)) // a map, not a search: policies hold 100,000 rules
 	for j, o := range old {
-		if _, dup := was[key{o.Name, o.Match}]; !dup {
-			was[key{o.Name, o.Match}] = j
+		if _, dup := was[keyOf(o)]; !dup {
+			was[keyOf(o)] = j
 		}
 	}
 	from := make([]int, len(rules))
 	for i, r := range rules {
-		j, ok := was[key{r.Name, r.Match}]
+		j, ok := was[keyOf(r)]
 		if !ok {
 			j = -1
 		}
 		from[i] = j
 	}
 	return from
+}
+
+// matchDigest is what a record keeps of a rule's match key: 64 bits of
+// FNV-1a, as 16 hex digits. The keys themselves (up to hundreds of bytes
+// each, with their lists' names) were most of a 10,000-rule policy's
+// record, which an apply reads once and writes twice. Equal digests under
+// one rule name stand for one match: a collision would only carry a
+// rule's counts over to another of the same name.
+func matchDigest(key string) string {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // addCounts adds counts (by slot: the fixed ones, then the old rules') and

@@ -59,7 +59,9 @@ func (fw *Firewall) attachment(h Hook) datapath.Attachment {
 
 // RuleInfo names what a counter slot belongs to.
 type RuleInfo struct {
-	Name   string `json:"name"`
+	Name string `json:"name"`
+	// Match is a digest of the rule's policy.MatchKey (matchDigest); the
+	// records of releases before it hold the key itself.
 	Match  string `json:"match"`
 	Action string `json:"action"`
 }

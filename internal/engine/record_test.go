@@ -2,6 +2,7 @@ package engine
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -43,5 +44,22 @@ func TestRecordDropsTrailingZeros(t *testing.T) {
 	}
 	if trimmed.Carried[abi.SlotRule0+1] != (abi.Counter{Packets: 2, Bytes: 120}) {
 		t.Errorf("rule b carried %+v", trimmed.Carried[abi.SlotRule0+1])
+	}
+}
+
+// TestCarryFromKeyRecords: a record of a release that kept the match keys
+// themselves carries its counts to a generation that keeps their digests,
+// and back (a rollback to it).
+func TestCarryFromKeyRecords(t *testing.T) {
+	keys := []RuleInfo{{Name: "a", Match: "src=;dst=;family=0;proto=17;action=drop"}, {Name: "b", Match: "src=;dst=;family=0;proto=6;action=pass"}}
+	digests := []RuleInfo{{Name: "b", Match: matchDigest(keys[1].Match)}, {Name: "a", Match: matchDigest(keys[0].Match)}, {Name: "a", Match: matchDigest("src=;dst=;family=0;proto=1;action=drop")}}
+	if got := carryIndex(keys, digests); !reflect.DeepEqual(got, []int{1, 0, -1}) {
+		t.Errorf("keys to digests: %v, want [1 0 -1]", got)
+	}
+	if got := carryIndex(digests, keys); !reflect.DeepEqual(got, []int{1, 0}) {
+		t.Errorf("digests to keys: %v, want [1 0]", got)
+	}
+	if d := matchDigest(keys[0].Match); len(d) != 16 || strings.Contains(d, "=") {
+		t.Errorf("digest %q", d)
 	}
 }
