@@ -63,6 +63,7 @@ this command is killed.`,
 			if err != nil {
 				return err
 			}
+			datapath.ParseAhead()
 			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
 			if err != nil {
 				return err
