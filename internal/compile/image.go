@@ -1,10 +1,11 @@
 package compile
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
-	"encoding/hex"
+	"fmt"
 	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 )
@@ -75,8 +76,11 @@ type OverlayEntry[K abi.LPMKeyV4 | abi.LPMKeyV6] struct {
 }
 
 // Hash identifies the policy an image holds: equal hashes, equal behaviour.
+// It names, it does not authenticate: 64 bits of xxHash over the tables,
+// which for a list of a million addresses are tens of MB (SHA-256 took
+// 105 ms of CPU over them here, xxHash a few).
 func (img *Image) Hash() string {
-	h := sha256.New()
+	h := xxhash.New()
 	// The rules' bytes as they are in memory: what binary.Write would write
 	// on this little-endian layout (no padding), without its reflection,
 	// which took 14 ms for 10,000 rules.
@@ -91,7 +95,7 @@ func (img *Image) Hash() string {
 		binary.Write(h, binary.LittleEndian, uint64(len(part)))
 		h.Write(part)
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	return fmt.Sprintf("%016x", h.Sum64())
 }
 
 // KernelBytes estimates the kernel memory the tables take once loaded.
