@@ -353,9 +353,9 @@ func TestV6WideAndNarrow(t *testing.T) {
 	}
 }
 
-// Hash takes the rules' bytes as they lie in memory; with no padding in
-// the layout they are what binary.Write makes of them, so a policy keeps
-// its hash.
+// Hash takes the rules' bytes as they lie in memory: with no padding in
+// the layout they are what binary.Write makes of them, every field and
+// nothing else.
 func TestHashRulesAsWritten(t *testing.T) {
 	rules := []abi.Rule{{SrcLists: 1, Match: 2, DportLo: 3, Action: 4, Rule: 5, FlowHi: 6}, {DstLists: 7, FragClear: 8}}
 	var b bytes.Buffer

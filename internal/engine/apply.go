@@ -631,8 +631,9 @@ func carryIndex(old, rules []RuleInfo) []int {
 	}
 	was := make(map[key]int, len(old)) // a map, not a search: policies hold 100,000 rules
 	for j, o := range old {
-		if _, dup := was[keyOf(o)]; !dup {
-			was[keyOf(o)] = j
+		k := keyOf(o)
+		if _, dup := was[k]; !dup {
+			was[k] = j
 		}
 	}
 	from := make([]int, len(rules))
