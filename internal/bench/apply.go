@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -16,12 +17,21 @@ import (
 	"github.com/rampart-fw/rampart/internal/lab"
 )
 
-// Commands ApplyRuns times: `rampart check` reads the list and builds the
-// tables; `rampart apply` does that and loads them into the kernel.
+// Commands ApplyCost times: `rampart check` reads the policy and its list
+// and builds the tables; `rampart apply` does that and loads them into the
+// kernel; then `rampart apply` again after one change, over the program the
+// first loaded: one entry added to the list file or taken out again (a
+// feed: one rule's port changed or changed back).
 const (
-	StepCheck = "check"
-	StepApply = "apply"
+	StepCheck  = "check"
+	StepApply  = "apply"
+	StepChange = "apply-change"
 )
+
+// MixFeed is bench apply's policy of rules rather than a list: a BGP
+// FlowSpec feed's, --sizes of them, each dropping UDP to a port of its own
+// from a prefix of its own (an IPv4 /24, an IPv6 /64).
+const MixFeed = "feed"
 
 // ApplyOptions choose what ApplyCost measures.
 type ApplyOptions struct {
@@ -47,7 +57,26 @@ type ApplyResult struct {
 	SecondsMin float64 `json:"seconds_min"`
 	SecondsMax float64 `json:"seconds_max"`
 	PeakRSS    int64   `json:"peak_rss_bytes"` // the largest of the runs
-	Error      string  `json:"error,omitempty"`
+	// Generation and PolicyHash: what the first run of an apply made live.
+	Generation int    `json:"generation,omitempty"`
+	PolicyHash string `json:"policy_hash,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// appliedBy takes the generation and policy hash from the output of
+// `rampart apply --json`.
+func (r *ApplyResult) appliedBy(out []byte) {
+	var a struct {
+		Applied []struct {
+			Generation int    `json:"generation"`
+			PolicyHash string `json:"policy_hash"`
+		} `json:"applied"`
+	}
+	if json.Unmarshal(out, &a) == nil && len(a.Applied) > 0 {
+		r.Generation, r.PolicyHash = a.Applied[0].Generation, a.Applied[0].PolicyHash
+	} else if r.Error == "" {
+		r.Error = fmt.Sprintf("rampart apply --json printed no applied hook: %.200s", out)
+	}
 }
 
 // benchIf is the veth ApplyCost applies on, in a namespace of the run's own.
@@ -76,20 +105,40 @@ func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
 		for _, mix := range o.Mixes {
 			for _, size := range o.Sizes {
 				what := fmt.Sprintf("IPv%d %s %d", fam, mix, size)
-				say(o.Progress, "%s: writing the list", what)
-				pol, fileBytes, err := writeListPolicy(o.Dir, fam, mix, size)
+				say(o.Progress, "%s: writing the policy", what)
+				write := writeListPolicy
+				if mix == MixFeed {
+					write = writeFeedPolicy
+				}
+				pol, change, fileBytes, err := write(o.Dir, fam, mix, size)
 				if err != nil {
 					return res, err
 				}
-				check, out := o.measure(what, StepCheck, []string{"check", "--json", "-f", pol})
-				apply, _ := o.measure(what, StepApply, slices.Concat(root, []string{"apply", "-f", pol, "--iface", benchIf}))
+				applyArgs := slices.Concat(root, []string{"apply", "--json", "-f", pol, "--iface", benchIf})
+				check, out := o.measure(what, StepCheck, []string{"check", "--json", "-f", pol}, nil)
+				// Every run of apply loads the program afresh: the hook is
+				// detached before it (a run over the last would fill a new
+				// generation of its program, which apply-change measures).
+				detach := func(run int) error {
+					if run == 0 {
+						return nil
+					}
+					return lab.Run(slices.Concat([]string{o.Exe}, root, []string{"detach", "--iface", benchIf})...)
+				}
+				apply, applied := o.measure(what, StepApply, applyArgs, detach)
+				apply.appliedBy(applied)
+				changed := ApplyResult{Step: StepChange, Error: apply.Error}
+				if apply.Error == "" {
+					changed, applied = o.measure(what, StepChange, applyArgs, change)
+					changed.appliedBy(applied)
+				}
 				var c struct {
 					TableBytes uint64 `json:"table_bytes"`
 				}
 				if err := json.Unmarshal(out, &c); err != nil && check.Error == "" {
 					check.Error = fmt.Sprintf("rampart check --json: %v", err)
 				}
-				for _, r := range []ApplyResult{check, apply} {
+				for _, r := range []ApplyResult{check, apply, changed} {
 					r.Family, r.Mix, r.Size, r.FileBytes, r.TableBytes = fam, mix, size, fileBytes, c.TableBytes
 					res = append(res, r)
 				}
@@ -103,13 +152,20 @@ func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
 	return res, nil
 }
 
-// measure runs one command o.Runs times: the median wall time with its
-// min-max, the largest peak RSS, and the first run's standard output.
-func (o ApplyOptions) measure(what, step string, args []string) (r ApplyResult, out []byte) {
+// measure runs one command o.Runs times, each after before(run) when
+// given: the median wall time with its min-max, the largest peak RSS, and
+// the first run's standard output.
+func (o ApplyOptions) measure(what, step string, args []string, before func(run int) error) (r ApplyResult, out []byte) {
 	r.Step = step
 	var secs []float64
 	for run := range o.Runs {
 		say(o.Progress, "%s: %s, run %d of %d", what, step, run+1, o.Runs)
+		if before != nil {
+			if err := before(run); err != nil {
+				r.Error = err.Error()
+				break
+			}
+		}
 		s, rss, stdout, err := timeChild(o.Exe, step, args)
 		if err != nil {
 			r.Error = err.Error()
@@ -129,12 +185,13 @@ func (o ApplyOptions) measure(what, step string, args []string) (r ApplyResult, 
 }
 
 // writeListPolicy writes the list file and a policy that drops its
-// sources, returning the policy's path and the list's size.
-func writeListPolicy(dir string, fam int, mix string, size int) (string, int64, error) {
+// sources, returning the policy's path, the change for run n (an entry
+// appended to the list file, or cut off it again) and the list's size.
+func writeListPolicy(dir string, fam int, mix string, size int) (string, func(n int) error, int64, error) {
 	pol := filepath.Join(dir, fmt.Sprintf("v%d-%s-%d.yaml", fam, mix, size))
 	f, err := os.Create(pol + ".list")
 	if err != nil {
-		return "", 0, err
+		return "", nil, 0, err
 	}
 	defer f.Close()
 	w := bufio.NewWriterSize(f, 1<<20)
@@ -147,14 +204,54 @@ func writeListPolicy(dir string, fam int, mix string, size int) (string, int64, 
 		w.Write(line)
 	})
 	if err := w.Flush(); err != nil {
-		return "", 0, err
+		return "", nil, 0, err
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return "", 0, err
+		return "", nil, 0, err
+	}
+	extra := map[int]string{4: "192.0.2.1\n", 6: "2001:db8::1\n"}[fam] // documentation addresses
+	change := func(n int) error {
+		if n%2 == 1 {
+			return os.Truncate(pol+".list", st.Size())
+		}
+		f, err := os.OpenFile(pol+".list", os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteString(extra)
+		return errors.Join(err, f.Close())
 	}
 	text := fmt.Sprintf("lists:\n  listed: {files: [%q]}\nrules:\n  - {name: drop-listed, src: listed, action: drop}\n", pol+".list")
-	return pol, st.Size(), os.WriteFile(pol, []byte(text), 0o644)
+	return pol, change, st.Size(), os.WriteFile(pol, []byte(text), 0o644)
+}
+
+// writeFeedPolicy writes a policy of size rules as a FlowSpec feed sends
+// them (MixFeed), returning its path, the change for run n (the first
+// rule's port changed, or changed back) and its size.
+func writeFeedPolicy(dir string, fam int, mix string, size int) (string, func(n int) error, int64, error) {
+	pol := filepath.Join(dir, fmt.Sprintf("v%d-%s-%d.yaml", fam, mix, size))
+	text := func(firstPort int) []byte {
+		var b bytes.Buffer
+		b.WriteString("rules:\n")
+		for i := range size {
+			src := fmt.Sprintf("%d.%d.%d.0/24", 10+i>>16&127, i>>8&255, i&255)
+			if fam == 6 {
+				src = fmt.Sprintf("2001:db8:%x:%x::/64", i>>16&0xffff, i&0xffff)
+			}
+			port := 1 + i%65535
+			if i == 0 {
+				port = firstPort
+			}
+			fmt.Fprintf(&b, "  - {name: r%d, src: %s, proto: udp, dport: %d, action: drop}\n", i, src, port)
+		}
+		return b.Bytes()
+	}
+	base, changed := text(1), text(2)
+	change := func(n int) error {
+		return os.WriteFile(pol, [][]byte{changed, base}[n%2], 0o644)
+	}
+	return pol, change, int64(len(base)), os.WriteFile(pol, base, 0o644)
 }
 
 // timeChild runs the command and returns its wall time, peak RSS and

@@ -214,18 +214,24 @@ func benchApplyCmd(g *globals) *cobra.Command {
 		o                      = bench.ApplyOptions{}
 	)
 	c := &cobra.Command{
-		Use:   "apply [--sizes 1000000,10000000] [--mix random32,networks] [--family 4,6] [--runs 3]",
-		Short: "Time and peak memory of rampart check and rampart apply on big lists",
+		Use:   "apply [--sizes 1000000,10000000] [--mix random32,networks,feed] [--family 4,6] [--runs 3]",
+		Short: "Time and peak memory of rampart check and rampart apply on big lists and feeds",
 		Long: `apply writes, for every family, mix and size, a list file of the mix's
 prefixes (the mixes of bench lookup: random32 is all hosts, /32 or /128;
-networks is a reputation list of networks) and a policy dropping them, then
-runs 'rampart check' (read the list, build the tables) and 'rampart apply'
-(that, and load them into the kernel, on a veth in a namespace of its own,
-on pins and state of the run's own) as child processes, --runs times each.
-It reports the median wall time with min-max and the largest peak resident
-memory of the runs (the process's, from getrusage), beside the list file's
-size and the tables' kernel memory.`,
-		Example: "  rampart bench apply --sizes 10000000 --mix random32 --family 6",
+networks is a reputation list of networks) and a policy dropping them, or
+for the mix feed a policy of that many rules as a BGP FlowSpec feed sends
+them (UDP to a port of its own from an IPv4 /24 or IPv6 /64 of its own).
+It runs 'rampart check' (read the policy, build the tables), 'rampart
+apply' (that, and load them into the kernel, on a veth in a namespace of
+its own, on pins and state of the run's own) and, as apply-change,
+'rampart apply' again after one change (an entry appended to the list
+file or cut off again; a feed's first rule's port changed or changed
+back), which fills a new generation of the program the first apply
+loaded. Each runs --runs times, a child process each. It reports the
+median wall time with min-max and the largest peak resident memory of the
+runs (the process's, from getrusage), beside the file's size and the
+tables' kernel memory.`,
+		Example: "  rampart bench apply --sizes 10000000 --mix random32 --family 6\n  rampart bench apply --sizes 10000 --mix feed --family 4",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if os.Geteuid() != 0 {
@@ -238,7 +244,7 @@ size and the tables' kernel memory.`,
 			if o.Families, err = familyList(families); err != nil {
 				return err
 			}
-			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks); err != nil {
+			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks, bench.MixFeed); err != nil {
 				return err
 			}
 			if o.Runs < 1 {
@@ -271,13 +277,13 @@ size and the tables' kernel memory.`,
 					strconv.FormatUint(r.TableBytes>>20, 10), r.Step, secs, mm, rss})
 			}
 			g.table(rows)
-			fmt.Fprintf(g.env.Stdout, "seconds: median of %d runs of the command, each a process of its own; peak RSS: the largest of them.\n", o.Runs)
+			fmt.Fprintf(g.env.Stdout, "seconds: median of %d runs of the command, each a process of its own; peak RSS: the largest of them; apply-change: apply again after one entry (a feed: one rule) changed.\n", o.Runs)
 			return nil
 		},
 	}
 	f := c.Flags()
 	f.StringVar(&sizes, "sizes", "1000000,10000000", "list sizes, comma-separated")
-	f.StringVar(&mixes, "mix", "random32,networks", "prefix mixes: egress, random32, networks")
+	f.StringVar(&mixes, "mix", "random32,networks", "prefix mixes: egress, random32, networks; or feed, --sizes rules")
 	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
 	f.IntVar(&o.Runs, "runs", 3, "runs of each command (the median is reported)")
 	return c

@@ -149,21 +149,32 @@ func TestBenchApply(t *testing.T) {
 			SecondsMin float64 `json:"seconds_min"`
 			SecondsMax float64 `json:"seconds_max"`
 			PeakRSS    int64   `json:"peak_rss_bytes"`
+			Generation int     `json:"generation"`
+			PolicyHash string  `json:"policy_hash"`
 			Error      string  `json:"error"`
 		} `json:"results"`
 	}
-	jsonOf(t, &out, "bench", "apply", "--sizes", "20000", "--mix", "random32,networks", "--family", "4,6", "--runs", "2")
-	if len(out.Results) != 2*2*2 {
-		t.Fatalf("%d results, want 8: %+v", len(out.Results), out.Results)
+	jsonOf(t, &out, "bench", "apply", "--sizes", "20000", "--mix", "random32,networks,feed", "--family", "4,6", "--runs", "2")
+	if len(out.Results) != 2*3*3 {
+		t.Fatalf("%d results, want 18: %+v", len(out.Results), out.Results)
 	}
 	for i, r := range out.Results {
-		want := []string{"check", "apply"}[i%2]
-		if r.Step != want || r.Family != []int{4, 6}[i/4] || r.Mix != []string{"random32", "networks"}[i/2%2] || r.Size != 20000 || r.Error != "" {
+		want := []string{"check", "apply", "apply-change"}[i%3]
+		if r.Step != want || r.Family != []int{4, 6}[i/9] || r.Mix != []string{"random32", "networks", "feed"}[i/3%3] || r.Size != 20000 || r.Error != "" {
 			t.Errorf("result %d: %+v, want step %s", i, r, want)
 		}
 		if r.FileBytes < 20000*8 || r.TableBytes == 0 || r.PeakRSS < 1<<20 ||
 			r.SecondsMin <= 0 || r.SecondsMin > r.Seconds || r.Seconds > r.SecondsMax {
 			t.Errorf("result %d without its sizes or times: %+v", i, r)
+		}
+	}
+	// apply-change measured a change: its first run made the next
+	// generation live, of another policy.
+	for i := 1; i+1 < len(out.Results); i += 3 {
+		apply, change := out.Results[i], out.Results[i+1]
+		if change.Generation != apply.Generation+1 || apply.Generation == 0 || change.PolicyHash == apply.PolicyHash {
+			t.Errorf("results %d and %d: apply made generation %d of policy %q, the change generation %d of %q", i, i+1,
+				apply.Generation, apply.PolicyHash, change.Generation, change.PolicyHash)
 		}
 	}
 	// Named as the labs name theirs: rampart-lab-PID...
