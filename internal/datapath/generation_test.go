@@ -2,6 +2,7 @@ package datapath_test
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -228,4 +229,102 @@ func TestEarlierReleaseGeneration(t *testing.T) {
 	if o, fits, err := datapath.LoadOver(old, image(t, genB)); fits || err != nil || o != nil {
 		t.Errorf("a policy fits an earlier release's program (%v)", err)
 	}
+}
+
+// TestOverlayGrows: a generation's overlay tables are made small and grow
+// in place when live changes fill them: the grown table is the one frames
+// read and the one pinned, and the same generation's pins under another
+// hook follow it before they take a change.
+func TestOverlayGrows(t *testing.T) {
+	a := load(t, datapath.KindXDP, "lists:\n  ban: {prefixes: [192.0.2.1]}\nrules:\n  - {name: ban, src: ban, action: drop}\n")
+	pin, _ := testutil.Roots(t)
+	dirs := []string{filepath.Join(pin, "one"), filepath.Join(pin, "two")}
+	for _, d := range dirs {
+		if err := a.objs.Pin(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	small := a.objs.OverlayV4.MaxEntries()
+	judge := func(src netip.Addr, want uint8) {
+		t.Helper()
+		ret, err := a.prog.Run(&ebpf.RunOptions{Data: packet.Frame{Src: src, Dst: ip("192.0.2.9"), Proto: 17, Dport: 9}.Bytes()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := actionOf(ebpf.XDP, ret); got != want {
+			t.Fatalf("a frame from %s: action %d, want %d", src, got, want)
+		}
+	}
+	ban := func(dir string, from, n int) {
+		t.Helper()
+		var ops []policy.ListOp
+		for i := from; i < from+n; i++ {
+			ops = append(ops, policy.ListOp{List: "ban", Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32), Add: true})
+		}
+		v4, v6 := compile.Overlay(map[string]uint64{"ban": 1}, ops)
+		o, err := datapath.LoadPinned(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer o.Close()
+		if err := o.AddOverlay(v4, v6); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinnedID := func(dir string) ebpf.MapID {
+		t.Helper()
+		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "overlay_v4"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		info, _ := m.Info()
+		id, _ := info.ID()
+		return id
+	}
+	gens, err := ebpf.LoadPinnedMap(filepath.Join(dirs[0], "overlay_v4_gens"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gens.Close()
+	slotID := func() ebpf.MapID {
+		t.Helper()
+		for s := range uint32(2) {
+			var id ebpf.MapID
+			if gens.Lookup(s, &id) == nil {
+				return id
+			}
+		}
+		t.Fatal("no generation holds an overlay")
+		return 0
+	}
+
+	n := int(small) + 1000
+	ban(dirs[0], 0, n)
+	if id := slotID(); id != pinnedID(dirs[0]) {
+		t.Fatalf("after growing, frames read overlay %d, the pin is %d", id, pinnedID(dirs[0]))
+	}
+	if id := slotID(); id == pinnedID(dirs[1]) {
+		t.Fatal("the other pins already follow: the test shows nothing")
+	}
+	for _, i := range []int{0, n / 2, n - 1} {
+		judge(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), abi.ActionDrop)
+	}
+	judge(ip("10.200.0.1"), abi.ActionPass)
+	ban(dirs[1], 1<<16, 1)
+	if id := slotID(); id != pinnedID(dirs[1]) {
+		t.Fatalf("the other hook's pins write overlay %d, frames read %d", pinnedID(dirs[1]), id)
+	}
+	for _, i := range []int{0, n - 1, 1 << 16} {
+		judge(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), abi.ActionDrop)
+	}
+	o, err := datapath.LoadPinned(dirs[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if got := o.OverlayV4.MaxEntries(); got <= small {
+		t.Fatalf("the overlay holds %d entries in a table of %d", n+1, got)
+	}
+	t.Logf("overlay of %d entries grown from %d to %d", n+1, small, o.OverlayV4.MaxEntries())
 }

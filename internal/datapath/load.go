@@ -46,6 +46,7 @@ type Objects struct {
 	filterPrograms
 	shape filterMaps // the outer maps, live, and the programs' scratch
 	genMaps
+	pins string // the directory LoadPinned opened them from
 }
 
 // genMaps are a generation's maps (bpf/lists.h's GEN_MAP): what an apply
@@ -134,8 +135,12 @@ func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err er
 	}
 	need := genSizes(img)
 	for _, g := range shape.generation() {
+		n, sized := need[g.name]
+		if !sized {
+			continue
+		}
 		have := (*g.inner).MaxEntries()
-		if n, sized := need[g.name]; sized && (uint32(max(1, n)) > have || oversized(have, shapeCapacity(g.name, n, img), (*g.inner).ValueSize())) {
+		if uint32(max(1, n)) > have || oversized(have, shapeCapacity(g.name, n, img), (*g.inner).ValueSize()) {
 			return nil, false, nil
 		}
 		spec.Maps[g.name].InnerMap.MaxEntries = have
@@ -161,7 +166,8 @@ var objectID = sync.OnceValue(func() uint64 {
 // filterSpec is a copy of the embedded filter's spec, once img is known to
 // fit the kernel's limits and memory: of its maps alone without programs,
 // all a new generation of loaded programs needs (copying the programs'
-// instructions too took 3 ms).
+// instructions too took 3 ms). Its overlay tables are sized for img's
+// (overlayCapacity).
 func filterSpec(img *compile.Image, programs bool) (*ebpf.CollectionSpec, error) {
 	if len(img.Rules) > abi.MaxRules {
 		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), abi.MaxRules)
@@ -173,14 +179,19 @@ func filterSpec(img *compile.Image, programs bool) (*ebpf.CollectionSpec, error)
 	if err != nil {
 		return nil, fmt.Errorf("read the embedded BPF object: %w", err)
 	}
+	most := spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries
 	if programs {
-		return spec.Copy(), nil
+		spec = spec.Copy()
+	} else {
+		maps := &ebpf.CollectionSpec{Maps: make(map[string]*ebpf.MapSpec, len(spec.Maps))}
+		for name, m := range spec.Maps {
+			maps.Maps[name] = m.Copy()
+		}
+		spec = maps
 	}
-	maps := &ebpf.CollectionSpec{Maps: make(map[string]*ebpf.MapSpec, len(spec.Maps))}
-	for name, m := range spec.Maps {
-		maps.Maps[name] = m.Copy()
-	}
-	return maps, nil
+	spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV4), most)
+	spec.Maps[filterMapOverlayV6].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV6), most)
+	return spec, nil
 }
 
 // parsedFilter is the embedded object, parsed once: a service would parse
@@ -797,7 +808,7 @@ func (o *Objects) Pin(dir string) error {
 
 // LoadPinned opens the objects pinned in dir.
 func LoadPinned(dir string) (*Objects, error) {
-	o := &Objects{}
+	o := &Objects{pins: dir}
 	_, err := os.Stat(filepath.Join(dir, filterMapLive))
 	legacy := errors.Is(err, os.ErrNotExist)
 	for _, x := range o.objects() {

@@ -3,6 +3,8 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -11,20 +13,46 @@ import (
 	"github.com/rampart-fw/rampart/internal/compile"
 )
 
+// minOverlay is the fewest entries a generation's overlay table of one
+// family is made for: 64 KB of buckets.
+const minOverlay = 1 << 12
+
+// overlayCapacity is what a generation's overlay table is made for when it
+// is to hold n entries: twice as many, a power of two (its bucket count),
+// minOverlay at least, most (bpf/lists.h's) at the most. The kernel
+// creates and zeroes every bucket of a hash table with it: at a million,
+// 16 MB and 9-15 ms a table at every apply. A table that fills grows in
+// place (growOverlay): the kernel compares no hash table's max_entries
+// with its outer map's template (since Linux 5.10; arrays it does), so a
+// table of any size takes a generation's slot.
+func overlayCapacity(n int, most uint32) uint32 {
+	c := uint32(minOverlay)
+	for c < most && uint64(c) < 2*uint64(n) {
+		c *= 2
+	}
+	return min(c, most)
+}
+
 // ReplaceOverlay rewrites the in-place overlay of the objects (see
-// TableMaps.ReplaceOverlay).
+// TableMaps.ReplaceOverlay), growing a table that fills.
 func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	if err := o.readSlotOverlays(); err != nil {
+		return err
+	}
 	if err := o.addMaskEqs(v4, v6); err != nil {
 		return err
 	}
-	return o.tables().ReplaceOverlay(v4, v6)
+	return o.tables().writeOverlay(v4, v6, false, o.growers())
 }
 
 // AddOverlay writes overlay entries over the ones held, as a change's are:
-// their lengths first, then their classifier masks, then the entries.
-// Nothing is deleted; a length left without entries costs a probe until
-// the next ReplaceOverlay.
+// their lengths first, then their classifier masks, then the entries,
+// growing a table that fills. Nothing is deleted; a length left without
+// entries costs a probe until the next ReplaceOverlay.
 func (o *Objects) AddOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
+	if err := o.readSlotOverlays(); err != nil {
+		return err
+	}
 	m := o.tables()
 	if err := m.addLengths(overlayLengths(v4, v6)); err != nil {
 		return err
@@ -32,7 +60,169 @@ func (o *Objects) AddOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 	if err := o.addMaskEqs(v4, v6); err != nil {
 		return err
 	}
-	return errors.Join(putOverlay(m.OverlayV4, v4), putOverlay(m.OverlayV6, v6))
+	grow := o.growers()
+	_, err4 := putOrGrow(m.OverlayV4, v4, grow[0])
+	_, err6 := putOrGrow(m.OverlayV6, v6, grow[1])
+	return errors.Join(err4, err6)
+}
+
+// grower makes a full overlay table's replacement, holding what it held,
+// with room for pending entries more, and returns it.
+type grower func(pending int) (*ebpf.Map, error)
+
+// growers grow o's overlay tables, IPv4's and IPv6's; none for an earlier
+// release's objects, whose tables are their programs' own.
+func (o *Objects) growers() [2]grower {
+	if o.shape.Live == nil {
+		return [2]grower{}
+	}
+	g := o.overlayMaps()
+	return [2]grower{
+		func(pending int) (*ebpf.Map, error) { return growOverlay[abi.LPMKeyV4](o, g[0], pending) },
+		func(pending int) (*ebpf.Map, error) { return growOverlay[abi.LPMKeyV6](o, g[1], pending) },
+	}
+}
+
+// overlayMaps are o's overlay tables, IPv4's and IPv6's, with their outer
+// maps.
+func (o *Objects) overlayMaps() [2]genMap {
+	return [2]genMap{{filterMapOverlayV4, &o.shape.OverlayV4, &o.OverlayV4}, {filterMapOverlayV6, &o.shape.OverlayV6, &o.OverlayV6}}
+}
+
+// putOrGrow writes entries into m or, when m is full and grow is given,
+// into the table grow replaces it with, which it returns.
+func putOrGrow[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K], grow grower) (*ebpf.Map, error) {
+	err := putOverlay(m, entries)
+	if grow == nil || !errors.Is(err, unix.E2BIG) {
+		return m, err
+	}
+	if m, err = grow(len(entries)); err != nil {
+		return nil, err
+	}
+	return m, putOverlay(m, entries)
+}
+
+// growOverlay replaces g's full table with one made for what it holds and
+// pending entries more: a copy, put into the generation's slot of the
+// outer map when it has one (frames read either whole), then pinned over
+// the old table's pin.
+func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending int) (*ebpf.Map, error) {
+	old := *g.inner
+	held, err := readOverlay[K](old)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := parsedFilter()
+	if err != nil {
+		return nil, err
+	}
+	inner := spec.Maps[g.name].InnerMap.Copy()
+	inner.MaxEntries = overlayCapacity(len(held)+pending, inner.MaxEntries)
+	if inner.MaxEntries <= old.MaxEntries() {
+		return nil, fmt.Errorf("the overlay holds %d entries of a family and %d more do not fit (at most %d): fold the live list changes into the lists' files, or revert some", len(held), pending, old.MaxEntries())
+	}
+	m, err := ebpf.NewMap(inner)
+	if err != nil {
+		return nil, fmt.Errorf("grow the overlay: %w", err)
+	}
+	entries := make([]compile.OverlayEntry[K], 0, len(held))
+	for k, v := range held {
+		entries = append(entries, compile.OverlayEntry[K]{Key: k, Overlay: v})
+	}
+	if err := putOverlay(m, entries); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("grow the overlay: %w", err)
+	}
+	slot, err := o.slot()
+	if err == nil && slot >= 0 {
+		err = (*g.outer).Put(uint32(slot), m)
+	}
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("grow the overlay: %w", err)
+	}
+	old.Close()
+	*g.inner = m
+	// A pin left on the old table (this one failing, or the generation's
+	// pins under another hook) is put right by readSlotOverlays.
+	return m, o.repin(g.name, m)
+}
+
+// readSlotOverlays makes o's overlay tables those its generation's slot
+// holds, when it is in one, and pins them where o was opened from: a table
+// grown through another hook's pins of the same generation, or a growth
+// cut short between its put and its pin, leaves the old one pinned here,
+// and a change written into it would never reach a frame.
+func (o *Objects) readSlotOverlays() error {
+	if o.shape.Live == nil {
+		return nil
+	}
+	slot, err := o.slot()
+	if err != nil || slot < 0 {
+		return err
+	}
+	for _, g := range o.overlayMaps() {
+		var id ebpf.MapID
+		if err := (*g.outer).Lookup(uint32(slot), &id); err != nil {
+			return fmt.Errorf("read the generation's %s: %w", g.name, err)
+		}
+		own, err := mapID(*g.inner)
+		if err != nil {
+			return err
+		}
+		if own == id {
+			continue
+		}
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			return fmt.Errorf("open the generation's %s: %w", g.name, err)
+		}
+		(*g.inner).Close()
+		*g.inner = m
+		if err := o.repin(g.name, m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// slot is the slot of the shape's outer maps that holds o's maps, -1 when
+// none does (a generation not live yet, or no more).
+func (o *Objects) slot() (int, error) {
+	own, err := mapID(o.Configs)
+	if err != nil {
+		return 0, err
+	}
+	for s := range 2 {
+		var id ebpf.MapID
+		err := o.shape.Configs.Lookup(uint32(s), &id)
+		if err == nil && id == own {
+			return s, nil
+		}
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return 0, fmt.Errorf("read the generations: %w", err)
+		}
+	}
+	return -1, nil
+}
+
+// repin pins m as o's map of that name, over the pin there, atomically
+// (bpffs renames like any file system).
+func (o *Objects) repin(name string, m *ebpf.Map) error {
+	if o.pins == "" {
+		return nil
+	}
+	path := filepath.Join(o.pins, name)
+	tmp := path + "_new"
+	os.Remove(tmp)
+	if err := (object{m: &m}).pin(tmp); err != nil {
+		return fmt.Errorf("pin the grown %s: %w", name, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("pin the grown %s: %w", name, err)
+	}
+	return nil
 }
 
 // overlayLengths are the lengths of the entries, by family.
@@ -129,27 +319,22 @@ func readArray[T any](m *ebpf.Map) ([]T, error) {
 	return out, err
 }
 
-// ReplaceOverlay rewrites the in-place overlay: new and changed entries
-// first, then stale ones deleted. Every update is atomic for the packets that
-// see it, and the base tables are never touched. The programs probe only the
-// lengths overlay_lengths holds: a length is added before entries of it are
-// written and dropped after the last is deleted.
-func (m TableMaps) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
-	return m.writeOverlay(v4, v6, false)
-}
-
-// writeOverlay is ReplaceOverlay; fresh: the maps are new and empty, and
-// nothing is read first (a batch read walks every bucket of a hash map, a
-// million for an empty overlay: 5-6 ms each).
-func (m TableMaps) writeOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6], fresh bool) error {
+// writeOverlay rewrites the in-place overlay: new and changed entries
+// first, then stale ones deleted. Every update is atomic for the packets
+// that see it, and the base tables are never touched. The programs probe
+// only the lengths overlay_lengths holds: a length is added before entries
+// of it are written and dropped after the last is deleted. fresh: the maps
+// are new and empty, and nothing is read first (a batch read walks every
+// bucket of a hash map). grow replaces a table that fills, per family.
+func (m TableMaps) writeOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6], fresh bool, grow [2]grower) error {
 	want := overlayLengths(v4, v6)
 	if err := m.addLengths(want); err != nil {
 		return err
 	}
-	if err := replaceOverlay(m.OverlayV4, v4, fresh); err != nil {
+	if err := replaceOverlay(m.OverlayV4, v4, fresh, grow[0]); err != nil {
 		return err
 	}
-	if err := replaceOverlay(m.OverlayV6, v6, fresh); err != nil {
+	if err := replaceOverlay(m.OverlayV6, v6, fresh, grow[1]); err != nil {
 		return err
 	}
 	return errors.Join(m.OverlayLengths.Put(uint32(0), want[0]), m.OverlayLengths.Put(uint32(1), want[1]))
@@ -159,25 +344,15 @@ func setLength(l *abi.OverlayLengths, n uint32) {
 	l.Bits[n/64] |= 1 << (n % 64)
 }
 
-func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K], fresh bool) error {
-	// What the table holds, read in batches before writing: only new and
-	// changed entries are written (a change to a long overlay touches few
-	// of its entries). A fresh table holds nothing.
+func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.OverlayEntry[K], fresh bool, grow grower) error {
+	// What the table holds, read before writing: only new and changed
+	// entries are written (a change to a long overlay touches few of its
+	// entries). A fresh table holds nothing.
 	held := map[K]abi.Overlay{}
 	if !fresh {
-		keys, vals := make([]K, 4096), make([]abi.Overlay, 4096)
-		var cursor ebpf.MapBatchCursor
-		for {
-			n, err := m.BatchLookup(&cursor, keys, vals, nil)
-			for i := range n {
-				held[keys[i]] = vals[i]
-			}
-			if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && n == 0 {
-				break
-			}
-			if err != nil {
-				return fmt.Errorf("read %s: %w", m, err)
-			}
+		var err error
+		if held, err = readOverlay[K](m); err != nil {
+			return err
 		}
 	}
 	var changed []compile.OverlayEntry[K]
@@ -187,7 +362,8 @@ func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compil
 		}
 		delete(held, e.Key)
 	}
-	if err := putOverlay(m, changed); err != nil {
+	m, err := putOrGrow(m, changed, grow)
+	if err != nil {
 		return err
 	}
 	for k := range held { // stale
@@ -196,4 +372,23 @@ func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compil
 		}
 	}
 	return nil
+}
+
+// readOverlay reads an overlay table whole, in batches.
+func readOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map) (map[K]abi.Overlay, error) {
+	held := map[K]abi.Overlay{}
+	keys, vals := make([]K, 4096), make([]abi.Overlay, 4096)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := range n {
+			held[keys[i]] = vals[i]
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) || err == nil && n == 0 {
+			return held, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", m, err)
+		}
+	}
 }

@@ -106,7 +106,7 @@ func (m TableMaps) Fill(t *compile.Tables) error {
 			return err
 		}
 	}
-	return m.writeOverlay(t.OverlayV4, t.OverlayV6, true)
+	return m.writeOverlay(t.OverlayV4, t.OverlayV6, true, [2]grower{})
 }
 
 // Memlock is the kernel memory the tables account for.
