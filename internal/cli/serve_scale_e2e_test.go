@@ -111,6 +111,13 @@ func TestServeAtScale(t *testing.T) {
 		t.Fatalf("the second source is not dropped 15 s after the list file listing it was written\n%s", log.String())
 	}
 	t.Logf("1M-entry list file replaced: the new entry drops %v after the file was written", took.Round(time.Millisecond))
+	// Table memory is the live generation's: a million addresses take 4
+	// bytes each at the least.
+	hook := fmt.Sprintf(`direction="ingress",iface="%s"`, p.IfB)
+	bigMemory := metric(t, scrape(t, port), "rampart_table_memory_bytes", hook)
+	if bigMemory < 4e6 {
+		t.Errorf("rampart_table_memory_bytes is %v with a 1M-entry list live", bigMemory)
+	}
 
 	// Reloads under traffic: counters never go back. A small list again
 	// first, so that a reload costs the apply, not reading 1M entries.
@@ -120,6 +127,9 @@ func TestServeAtScale(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatalf("the small list was not loaded\n%s", log.String())
 		}
+	}
+	if m := metric(t, scrape(t, port), "rampart_table_memory_bytes", hook); m > bigMemory/4 {
+		t.Errorf("rampart_table_memory_bytes is %v with a one-entry list live, %v with the 1M-entry list", m, bigMemory)
 	}
 	var scrapes []time.Duration
 	prev := -1.0

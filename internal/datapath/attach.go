@@ -397,11 +397,10 @@ func loadPin(path string) (link.Link, *ebpf.Program, error) {
 // that is gone, or a filter removed, leaves Ifindex 0.
 func readClsact(a Attachment, pinned *ebpf.Program) (LinkState, error) {
 	st := LinkState{Pinned: true}
-	info, err := pinned.Info()
-	if err != nil {
+	var err error
+	if st.Program, err = programID(pinned); err != nil {
 		return st, err
 	}
-	st.Program, _ = info.ID()
 	_ = netns.Run(a.Netns, func() error {
 		f := openClsact(a, nil)
 		if f.ifindex == 0 {

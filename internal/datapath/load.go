@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -788,6 +790,24 @@ func mapID(m *ebpf.Map) (ebpf.MapID, error) {
 	return id, nil
 }
 
+// programID is a program's ID, from its fdinfo: cilium/ebpf's
+// Program.Info copies the program's instructions out of the kernel too
+// (the filter's are 80 KB translated and 42 KB jited), 1-2 ms a call, where
+// an apply and a status look up every generation's programs for their IDs.
+func programID(p *ebpf.Program) (ebpf.ProgramID, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", p.FD()))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "prog_id:"); ok {
+			id, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+			return ebpf.ProgramID(id), err
+		}
+	}
+	return 0, fmt.Errorf("%s: no prog_id in its fdinfo", p)
+}
+
 // Pin places the objects in dir, which must not exist yet; on failure
 // nothing is left.
 func (o *Objects) Pin(dir string) error {
@@ -882,6 +902,18 @@ func sumPerCPU[T any](m *ebpf.Map, n int, add func(*T, T)) ([]T, error) {
 	return out, nil
 }
 
+// Memlock is the kernel memory (memlock) of every map the objects pin:
+// their generation's own and the outer maps holding them.
+func (o *Objects) Memlock() uint64 {
+	var n uint64
+	for _, x := range o.objects() {
+		if x.m != nil && *x.m != nil {
+			n += Memlock(*x.m)
+		}
+	}
+	return n
+}
+
 // TablesMemlock is the kernel memory (memlock) of the prefix-list maps.
 func (o *Objects) TablesMemlock() uint64 { return o.tables().Memlock() }
 
@@ -925,10 +957,8 @@ func PinnedPrograms(dir string) []ebpf.ProgramID {
 		if err != nil {
 			continue
 		}
-		if info, err := p.Info(); err == nil {
-			if id, ok := info.ID(); ok {
-				ids = append(ids, id)
-			}
+		if id, err := programID(p); err == nil {
+			ids = append(ids, id)
 		}
 		p.Close()
 	}

@@ -51,7 +51,10 @@ type HookStatus struct {
 	AppliedAt  time.Time     `json:"applied_at"`
 	Rules      int           `json:"rules"`
 	// FoldedChanges: live list changes compiled into the tables (fold.go).
-	FoldedChanges   int        `json:"folded_changes,omitempty"`
+	FoldedChanges int `json:"folded_changes,omitempty"`
+	// TableBytes: the kernel memory of the maps of the generation the
+	// hook runs (its tables, rules, counters, and the outer maps).
+	TableBytes      uint64     `json:"table_bytes,omitempty"`
 	ConfirmDeadline *time.Time `json:"confirm_deadline,omitempty"`
 	Problem         string     `json:"problem,omitempty"` // what could not be read
 }
@@ -70,6 +73,7 @@ func (fw *Firewall) Status() ([]HookStatus, error) {
 			for _, n := range g.Folded {
 				hs.FoldedChanges += n
 			}
+			hs.TableBytes = fw.tableBytes(h, g.N)
 		}
 		hs.State, hs.Fix = fw.judge(h, st)
 		if gerr != nil && (hs.State == StateActive || hs.State == StateUnconfirmed) {
@@ -198,6 +202,17 @@ func (fw *Firewall) Stats() (stats.Snapshot, error) {
 			row("non-ip", "non-ip", "pass", counts[abi.SlotNonIP]))
 	}
 	return snap, nil
+}
+
+// tableBytes is the kernel memory of generation n's maps; 0 when its pins
+// cannot be opened.
+func (fw *Firewall) tableBytes(h Hook, n int) uint64 {
+	objs, err := datapath.LoadPinned(fw.genPins(h, n))
+	if err != nil {
+		return 0
+	}
+	defer objs.Close()
+	return objs.Memlock()
 }
 
 // Program opens the program a hook's link runs now: what a frame arriving

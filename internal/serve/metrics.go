@@ -1,19 +1,13 @@
 package serve
 
 import (
-	"fmt"
 	"net/http"
-	"os"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/stats"
 )
 
@@ -34,7 +28,7 @@ var (
 	descLastReload = prometheus.NewDesc("rampart_last_reload_timestamp_seconds", "When the policy was last (re)loaded.", nil, nil)
 	descLastOK     = prometheus.NewDesc("rampart_last_reload_success", "1 if the last reload applied, 0 if it failed and the previous policy runs.", nil, nil)
 	descMode       = prometheus.NewDesc("rampart_attached", "A hook rampart runs on: 1 if its program is attached.", []string{"iface", "direction", "mode"}, nil)
-	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of an interface's live program.", []string{"iface", "direction"}, nil)
+	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of the policy generation a hook runs: its tables, rules and counters, and the outer maps holding them.", []string{"iface", "direction"}, nil)
 	descAPIRefused = prometheus.NewDesc("rampart_api_refused_total", "API requests refused (403): the client was neither root nor in --api-group.", nil, nil)
 	descCSActive   = prometheus.NewDesc("rampart_crowdsec_decisions", "CrowdSec decisions active in the service's set, by origin and type (types not enforced are counted, not listed).", []string{"origin", "type"}, nil)
 	descCSPolls    = prometheus.NewDesc("rampart_crowdsec_polls_total", "Polls of the CrowdSec decision stream, by result.", []string{"result"}, nil)
@@ -79,8 +73,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, h := range hooks {
 		ch <- prometheus.MustNewConstMetric(descMode, prometheus.GaugeValue, boolf(h.Attached), h.Iface, h.Direction, string(h.Mode))
-		if mem, err := d.tableMemory(engine.Hook{Iface: h.Iface, Egress: h.Direction == "egress"}); err == nil {
-			ch <- prometheus.MustNewConstMetric(descMemory, prometheus.GaugeValue, float64(mem), h.Iface, h.Direction)
+		if h.TableBytes > 0 {
+			ch <- prometheus.MustNewConstMetric(descMemory, prometheus.GaugeValue, float64(h.TableBytes), h.Iface, h.Direction)
 		}
 	}
 	d.mu.Lock()
@@ -159,37 +153,3 @@ func (d *Daemon) metricsHandler() http.Handler {
 type slogAdapter struct{ d *Daemon }
 
 func (s slogAdapter) Println(v ...any) { s.d.log.Error("metrics", "err", v) }
-
-// tableMemory is the memory the kernel accounts to the maps of the
-// program a hook runs (memlock in each map's fdinfo).
-func (d *Daemon) tableMemory(h engine.Hook) (uint64, error) {
-	prog, err := d.fw.Program(h)
-	if err != nil {
-		return 0, err
-	}
-	defer prog.Close()
-	info, err := prog.Info()
-	if err != nil {
-		return 0, err
-	}
-	ids, _ := info.MapIDs()
-	var total uint64
-	for _, id := range ids {
-		m, err := ebpf.NewMapFromID(id)
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/self/fdinfo/%d", m.FD()))
-		m.Close()
-		if err != nil {
-			continue
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "memlock:"); ok {
-				n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				total += n
-			}
-		}
-	}
-	return total, nil
-}
