@@ -123,7 +123,7 @@ func flowspecServe(t *testing.T, p *testutil.Pair, neighbor, rules string) (args
 
 // startFlowSpecServe starts the service, printing its log if the test
 // fails, and detaches the filter after it.
-func startFlowSpecServe(t *testing.T, p *testutil.Pair, args []string) (*exec.Cmd, *strings.Builder) {
+func startFlowSpecServe(t *testing.T, p *testutil.Pair, args []string) (*exec.Cmd, *childLog) {
 	cmd, _, log := startServe(t, args...)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -19,23 +19,23 @@ import (
 )
 
 // serveChild starts rampart serve as a child process, its log in the builder.
-func serveChild(t *testing.T, args ...string) (*exec.Cmd, *strings.Builder) {
+func serveChild(t *testing.T, args ...string) (*exec.Cmd, *childLog) {
 	t.Helper()
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, append([]string{"serve"}, args...)...)
 	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
-	var log strings.Builder
-	cmd.Stderr = &syncWriter{w: &log}
+	log := &childLog{}
+	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return cmd, &log
+	return cmd, log
 }
 
 // serveAt runs rampart serve with its API on sock and waits until it
 // answers there.
-func serveAt(t *testing.T, sock string, args ...string) (*exec.Cmd, *serve.Client, *strings.Builder) {
+func serveAt(t *testing.T, sock string, args ...string) (*exec.Cmd, *serve.Client, *childLog) {
 	t.Helper()
 	cmd, log := serveChild(t, append([]string{"--api", sock}, args...)...)
 	return cmd, waitAPI(t, sock, netnsArg(args), log), log
@@ -86,7 +86,7 @@ func listEntries(t *testing.T, port int, list string) float64 {
 	return metric(t, scrape(t, port), "rampart_list_entries", fmt.Sprintf(`family="4",list="%s"`, list))
 }
 
-func waitUntil(t *testing.T, log *strings.Builder, what string, ok func() bool) {
+func waitUntil(t *testing.T, log *childLog, what string, ok func() bool) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); !ok(); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(end) {

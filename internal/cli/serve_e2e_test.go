@@ -33,7 +33,7 @@ func freePort(t *testing.T) int {
 
 // startServe runs rampart serve as a child process and waits for its API
 // on the namespace's default socket.
-func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *strings.Builder) {
+func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *childLog) {
 	t.Helper()
 	cmd, log := serveChild(t, args...)
 	ns := netnsArg(args)
@@ -41,7 +41,7 @@ func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *string
 }
 
 // waitAPI waits up to 15 s for the service of ns to answer on sock.
-func waitAPI(t *testing.T, sock, ns string, log *strings.Builder) *serve.Client {
+func waitAPI(t *testing.T, sock, ns string, log *childLog) *serve.Client {
 	t.Helper()
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if c, _ := serve.Dial(sock, ns); c != nil {
@@ -61,6 +61,24 @@ func netnsArg(args []string) string {
 		}
 	}
 	return ""
+}
+
+// childLog is a child's log, read while the child writes it.
+type childLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *childLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(b)
+}
+
+func (l *childLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // syncWriter lets the test read a child's log while it writes.

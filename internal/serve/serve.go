@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -233,8 +234,28 @@ func (d *Daemon) reload(why string) error {
 	err := d.reloadLocked(why)
 	// The parsed lists are garbage now (the kernel holds the tables): give
 	// them back, outside the lock so that scrapes do not wait for it.
-	debug.FreeOSMemory()
+	freeBigHeap()
 	return err
+}
+
+// freeBigHeap returns the heap to the OS when it holds more than 32 MB:
+// what a list of a million or more leaves after its reload, which the
+// next collection, paced on the heap the parse left, would keep for long
+// (a 1M-entry list's: RSS 100-117 MB kept, 48 MB given back). A 256-rule
+// policy's heap is 11-14 MB after its reload, and a forced collection
+// would cost that reload 12 ms more (it takes 40).
+func freeBigHeap() {
+	held := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"}, {Name: "/memory/classes/heap/free:bytes"}}
+	metrics.Read(held)
+	var n uint64
+	for _, s := range held {
+		if s.Value.Kind() == metrics.KindUint64 {
+			n += s.Value.Uint64()
+		}
+	}
+	if n > 32<<20 {
+		debug.FreeOSMemory()
+	}
 }
 
 func (d *Daemon) reloadLocked(why string) error {
