@@ -70,8 +70,8 @@ func TestDebPackage(t *testing.T) {
 		caps = append(caps, "+"+strings.ToLower(strings.TrimPrefix(c, "CAP_")))
 	}
 	cmd := exec.Command("setpriv", append([]string{"--bounding-set", "-all," + strings.Join(caps, ","), "--"}, strings.Fields(execStart)...)...)
-	var log strings.Builder
-	cmd.Stderr = &syncWriter{w: &log}
+	log := &logBuffer{}
+	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,7 @@ type speaker struct {
 	t    *testing.T
 	ns   string
 	cmd  *exec.Cmd
-	log  *strings.Builder
+	log  *logBuffer
 	ctl  []string // the command line that drives it
 	name string
 }
@@ -78,10 +78,10 @@ func startGoBGP(t *testing.T, ns string, local, peer net.IP, as, peerAS int) *sp
     [neighbors.afi-safis.config]
       afi-safi-name = "ipv6-flowspec"
 `, as, peer.String(), peerAS, local.String())), 0o644)
-	s := &speaker{t: t, ns: ns, log: &strings.Builder{}, name: "gobgp",
+	s := &speaker{t: t, ns: ns, log: &logBuffer{}, name: "gobgp",
 		ctl: []string{"gobgp", "-u", "127.0.0.1", "-p", fmt.Sprint(api)}}
 	s.cmd = exec.Command("ip", "netns", "exec", ns, "gobgpd", "-f", conf, "-p", "--api-hosts", fmt.Sprintf("127.0.0.1:%d", api), "--pprof-disable")
-	w := &syncWriter{w: s.log}
+	w := s.log
 	s.cmd.Stdout, s.cmd.Stderr = w, w
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func flowspecServe(t *testing.T, p *testutil.Pair, neighbor, rules string) (args
 
 // startFlowSpecServe starts the service, printing its log if the test
 // fails, and detaches the filter after it.
-func startFlowSpecServe(t *testing.T, p *testutil.Pair, args []string) (*exec.Cmd, *childLog) {
+func startFlowSpecServe(t *testing.T, p *testutil.Pair, args []string) (*exec.Cmd, *logBuffer) {
 	cmd, _, log := startServe(t, args...)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -342,9 +342,9 @@ protocol bgp rampart {
   flow6 { table ft6; import none; export all; };
 }
 `, routes4, routes6, local, peer)), 0o644)
-	s := &speaker{t: t, ns: ns, log: &strings.Builder{}, name: "birdc", ctl: []string{"birdc", "-s", sock}}
+	s := &speaker{t: t, ns: ns, log: &logBuffer{}, name: "birdc", ctl: []string{"birdc", "-s", sock}}
 	s.cmd = exec.Command("ip", "netns", "exec", ns, "bird", "-f", "-c", conf, "-s", sock, "-P", filepath.Join(dir, "bird.pid"))
-	w := &syncWriter{w: s.log}
+	w := s.log
 	s.cmd.Stdout, s.cmd.Stderr = w, w
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -19,12 +19,12 @@ import (
 )
 
 // serveChild starts rampart serve as a child process, its log in the builder.
-func serveChild(t *testing.T, args ...string) (*exec.Cmd, *childLog) {
+func serveChild(t *testing.T, args ...string) (*exec.Cmd, *logBuffer) {
 	t.Helper()
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, append([]string{"serve"}, args...)...)
 	cmd.Env = append(os.Environ(), "RAMPART_TEST_AS_CLI=1")
-	log := &childLog{}
+	log := &logBuffer{}
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -35,7 +35,7 @@ func serveChild(t *testing.T, args ...string) (*exec.Cmd, *childLog) {
 
 // serveAt runs rampart serve with its API on sock and waits until it
 // answers there.
-func serveAt(t *testing.T, sock string, args ...string) (*exec.Cmd, *serve.Client, *childLog) {
+func serveAt(t *testing.T, sock string, args ...string) (*exec.Cmd, *serve.Client, *logBuffer) {
 	t.Helper()
 	cmd, log := serveChild(t, append([]string{"--api", sock}, args...)...)
 	return cmd, waitAPI(t, sock, netnsArg(args), log), log
@@ -86,7 +86,7 @@ func listEntries(t *testing.T, port int, list string) float64 {
 	return metric(t, scrape(t, port), "rampart_list_entries", fmt.Sprintf(`family="4",list="%s"`, list))
 }
 
-func waitUntil(t *testing.T, log *childLog, what string, ok func() bool) {
+func waitUntil(t *testing.T, log *logBuffer, what string, ok func() bool) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); !ok(); time.Sleep(100 * time.Millisecond) {
 		if time.Now().After(end) {

@@ -13,7 +13,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -33,7 +32,7 @@ func freePort(t *testing.T) int {
 
 // startServe runs rampart serve as a child process and waits for its API
 // on the namespace's default socket.
-func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *childLog) {
+func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *logBuffer) {
 	t.Helper()
 	cmd, log := serveChild(t, args...)
 	ns := netnsArg(args)
@@ -41,7 +40,7 @@ func startServe(t *testing.T, args ...string) (*exec.Cmd, *serve.Client, *childL
 }
 
 // waitAPI waits up to 15 s for the service of ns to answer on sock.
-func waitAPI(t *testing.T, sock, ns string, log *childLog) *serve.Client {
+func waitAPI(t *testing.T, sock, ns string, log *logBuffer) *serve.Client {
 	t.Helper()
 	for end := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if c, _ := serve.Dial(sock, ns); c != nil {
@@ -61,36 +60,6 @@ func netnsArg(args []string) string {
 		}
 	}
 	return ""
-}
-
-// childLog is a child's log, read while the child writes it.
-type childLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *childLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(b)
-}
-
-func (l *childLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// syncWriter lets the test read a child's log while it writes.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(b []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(b)
 }
 
 func scrape(t *testing.T, port int) string {
@@ -267,8 +236,8 @@ func queryPrometheus(t *testing.T, port int, query string, want float64) {
 	os.WriteFile(conf, []byte(fmt.Sprintf("global: {scrape_interval: 1s}\nscrape_configs:\n  - job_name: rampart\n    static_configs: [{targets: ['127.0.0.1:%d']}]\n", port)), 0o644)
 	web := freePort(t)
 	cmd := exec.Command(bin, "--config.file", conf, "--storage.tsdb.path", filepath.Join(dir, "data"), "--web.listen-address", fmt.Sprintf("127.0.0.1:%d", web))
-	var log strings.Builder
-	cmd.Stderr = &syncWriter{w: &log}
+	log := &logBuffer{}
+	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
