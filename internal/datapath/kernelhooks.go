@@ -37,25 +37,19 @@ func rampartProgram(name string) bool {
 }
 
 // KernelHooks lists the rampart programs the kernel runs on the interfaces
-// of the namespace.
-func KernelHooks(ns string) ([]KernelHook, error) {
-	var out []KernelHook
+// of the namespace but those known() returns, which it calls once it has
+// seen what runs (a program pinned before it is attached is known then).
+// Only an unknown program's full info is read, for its name: that copies
+// its instructions out too, 1-2 ms.
+func KernelHooks(ns string, known func() (map[ebpf.ProgramID]bool, error)) ([]KernelHook, error) {
+	var running []KernelHook
 	err := netns.Run(ns, func() error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err
 		}
 		add := func(l netlink.Link, egress bool, hook string, id ebpf.ProgramID) {
-			p, err := ebpf.NewProgramFromID(id)
-			if err != nil {
-				return
-			}
-			defer p.Close()
-			info, err := p.Info()
-			if err != nil || !rampartProgram(info.Name) {
-				return
-			}
-			out = append(out, KernelHook{Iface: l.Attrs().Name, Egress: egress, Hook: hook, Program: id, Name: info.Name, Tag: info.Tag})
+			running = append(running, KernelHook{Iface: l.Attrs().Name, Egress: egress, Hook: hook, Program: id})
 		}
 		for _, l := range links {
 			a := l.Attrs()
@@ -77,7 +71,30 @@ func KernelHooks(ns string) ([]KernelHook, error) {
 		}
 		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	skip, err := known()
+	if err != nil {
+		return nil, err
+	}
+	var out []KernelHook
+	for _, k := range running {
+		if skip[k.Program] {
+			continue
+		}
+		p, err := ebpf.NewProgramFromID(k.Program)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		info, err := p.Info()
+		p.Close()
+		if err == nil && rampartProgram(info.Name) {
+			k.Name, k.Tag = info.Name, info.Tag
+			out = append(out, k)
+		}
+	}
+	return out, nil
 }
 
 // Remove takes the program off its interface: the link that holds it is

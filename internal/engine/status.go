@@ -267,13 +267,23 @@ type UnpinnedHook struct {
 // pin root mounted over (bpffs mounted twice), deleted, or another root's.
 // They filter, yet no hook of this root reports or removes them.
 func (fw *Firewall) Unpinned() ([]UnpinnedHook, error) {
-	running, err := datapath.KernelHooks(fw.netns)
+	running, err := datapath.KernelHooks(fw.netns, fw.pinnedPrograms)
 	if errors.Is(err, netns.ErrGone) {
 		return nil, nil // gone, or deleted while we looked: it runs nothing
 	}
 	if err != nil {
 		return nil, err
 	}
+	var out []UnpinnedHook
+	for _, k := range running {
+		out = append(out, UnpinnedHook{k, fw.netns, "rampart" + fw.netnsFlag() + " detach --unpinned"})
+	}
+	return out, nil
+}
+
+// pinnedPrograms are the programs of every pinned generation of the
+// namespace's hooks.
+func (fw *Firewall) pinnedPrograms() (map[ebpf.ProgramID]bool, error) {
 	known := map[ebpf.ProgramID]bool{}
 	hooks, err := fw.hooks()
 	if err != nil {
@@ -290,11 +300,5 @@ func (fw *Firewall) Unpinned() ([]UnpinnedHook, error) {
 			}
 		}
 	}
-	var out []UnpinnedHook
-	for _, k := range running {
-		if !known[k.Program] {
-			out = append(out, UnpinnedHook{k, fw.netns, "rampart" + fw.netnsFlag() + " detach --unpinned"})
-		}
-	}
-	return out, nil
+	return known, nil
 }
