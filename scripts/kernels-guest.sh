@@ -60,6 +60,8 @@ if [ "$name" = nics ]; then
 fi
 
 # prog.Run tables, crafted frames, the differential run against policy.Eval,
+# an overlay table grown in place under the loaded program (a hash inner map
+# larger than its outer map's template: Linux 5.10),
 # every program shape loading, tc through clsact; the SYN-ACK bytes where
 # syncookie can be applied (Linux 6.9: bpf_sk_assign_tcp_reqsk).
 IFS=. read -r major minor _ <<<"$kernel"
@@ -67,7 +69,7 @@ synack=''
 if [ "$major" -gt 6 ] || { [ "$major" -eq 6 ] && [ "${minor%%-*}" -ge 9 ]; }; then
   synack='|TestSynAckFrames'
 fi
-run datapath datapath "TestRequire|TestTable|TestCrafted|TestCraftedFramesAreWhatTheySay|TestDifferential|TestLoadShapes|TestClsact$synack"
+run datapath datapath "TestRequire|TestTable|TestCrafted|TestCraftedFramesAreWhatTheySay|TestDifferential|TestLoadShapes|TestOverlayGrows|TestClsact$synack"
 # End to end over veth with real datagrams and connections: apply in every
 # mode, status, stats, detach; the kernel as oracle; list changes in place;
 # the syncookie refusal; version.
