@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -29,8 +30,8 @@ const (
 )
 
 // MixFeed is bench apply's policy of rules rather than a list: a BGP
-// FlowSpec feed's, --sizes of them, each dropping UDP to a port of its own
-// from a prefix of its own (an IPv4 /24, an IPv6 /64).
+// FlowSpec feed's as bench rules has it, --sizes of them, each dropping
+// UDP to a destination address and a port of its own.
 const MixFeed = "feed"
 
 // ApplyOptions choose what ApplyCost measures.
@@ -63,31 +64,77 @@ type ApplyResult struct {
 	Error      string `json:"error,omitempty"`
 }
 
-// appliedBy takes the generation and policy hash from the output of
-// `rampart apply --json`.
-func (r *ApplyResult) appliedBy(out []byte) {
+// applied reads the generation and policy hash `rampart apply --json`
+// printed.
+func applied(out []byte) (generation int, hash string, err error) {
 	var a struct {
 		Applied []struct {
 			Generation int    `json:"generation"`
 			PolicyHash string `json:"policy_hash"`
 		} `json:"applied"`
 	}
-	if json.Unmarshal(out, &a) == nil && len(a.Applied) > 0 {
-		r.Generation, r.PolicyHash = a.Applied[0].Generation, a.Applied[0].PolicyHash
-	} else if r.Error == "" {
-		r.Error = fmt.Sprintf("rampart apply --json printed no applied hook: %.200s", out)
+	if json.Unmarshal(out, &a) != nil || len(a.Applied) == 0 {
+		return 0, "", fmt.Errorf("rampart apply --json printed no applied hook: %.200s", out)
 	}
+	return a.Applied[0].Generation, a.Applied[0].PolicyHash, nil
+}
+
+// checkChanges checks that every run of apply-change made the next
+// generation live over the same program (prog, the XDP program's ID
+// before and after), of another policy than apply's for a change and of
+// apply's again for its undoing: else it timed something else.
+func checkChanges(apply, changed *ApplyResult, outs [][]byte, prog [2]int) {
+	if changed.Error != "" {
+		return
+	}
+	for n, out := range outs {
+		gen, hash, err := applied(out)
+		switch {
+		case err != nil:
+			changed.Error = err.Error()
+		case gen != apply.Generation+1+n:
+			changed.Error = fmt.Sprintf("run %d made generation %d live, not %d", n+1, gen, apply.Generation+1+n)
+		case (hash == apply.PolicyHash) != (n%2 == 1):
+			changed.Error = fmt.Sprintf("run %d made policy %s live after apply's %s: the change did not change the policy, or its undoing did not restore it", n+1, hash, apply.PolicyHash)
+		}
+		if n == 0 {
+			changed.Generation, changed.PolicyHash = gen, hash
+		}
+		if changed.Error != "" {
+			return
+		}
+	}
+	if prog[0] == 0 || prog[0] != prog[1] {
+		changed.Error = fmt.Sprintf("the hook's XDP program went from ID %d to %d: the change loaded a program", prog[0], prog[1])
+	}
+}
+
+// xdpProgram is the ID of the XDP program running on the bench's veth
+// (0 for none), as `ip link` shows it.
+func xdpProgram(ns string) int {
+	out, err := exec.Command("ip", "-n", ns, "-j", "link", "show", "dev", benchIf).Output()
+	var links []struct {
+		XDP struct {
+			Prog struct {
+				ID int `json:"id"`
+			} `json:"prog"`
+		} `json:"xdp"`
+	}
+	if err != nil || json.Unmarshal(out, &links) != nil || len(links) == 0 {
+		return 0
+	}
+	return links[0].XDP.Prog.ID
 }
 
 // benchIf is the veth ApplyCost applies on, in a namespace of the run's own.
 const benchIf = "bench0"
 
 // ApplyCost writes, for every family, mix and size, the mix's prefixes as a
-// list file and a policy dropping them, then runs `rampart check` and
-// `rampart apply` on it as child processes (a veth in a namespace of its
-// own, on pins and state of the run's own, named as the labs name theirs
-// so that a killed run's are swept): a process each, so that its peak
-// memory is the command's.
+// list file and a policy dropping them (a feed: its rules), then runs
+// `rampart check`, `rampart apply` and apply-change on it as child
+// processes (a veth in a namespace of its own, on pins and state of the
+// run's own, named as the labs name theirs so that a killed run's are
+// swept): a process each, so that its peak memory is the command's.
 func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
 	lab.SweepStale()
 	ns, pins := fmt.Sprintf("%s%d-apply", lab.NetnsPrefix, os.Getpid()), lab.PinRoot()
@@ -125,18 +172,27 @@ func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
 					}
 					return lab.Run(slices.Concat([]string{o.Exe}, root, []string{"detach", "--iface", benchIf})...)
 				}
-				apply, applied := o.measure(what, StepApply, applyArgs, detach)
-				apply.appliedBy(applied)
-				changed := ApplyResult{Step: StepChange, Error: apply.Error}
+				apply, outs := o.measure(what, StepApply, applyArgs, detach)
 				if apply.Error == "" {
-					changed, applied = o.measure(what, StepChange, applyArgs, change)
-					changed.appliedBy(applied)
+					var err error
+					if apply.Generation, apply.PolicyHash, err = applied(outs[0]); err != nil {
+						apply.Error = err.Error()
+					}
+				}
+				changed := ApplyResult{Step: StepChange, Error: "not run: apply failed"}
+				if apply.Error == "" {
+					prog := [2]int{xdpProgram(ns)}
+					changed, outs = o.measure(what, StepChange, applyArgs, change)
+					prog[1] = xdpProgram(ns)
+					checkChanges(&apply, &changed, outs, prog)
 				}
 				var c struct {
 					TableBytes uint64 `json:"table_bytes"`
 				}
-				if err := json.Unmarshal(out, &c); err != nil && check.Error == "" {
-					check.Error = fmt.Sprintf("rampart check --json: %v", err)
+				if check.Error == "" {
+					if err := json.Unmarshal(out[0], &c); err != nil {
+						check.Error = fmt.Sprintf("rampart check --json: %v", err)
+					}
 				}
 				for _, r := range []ApplyResult{check, apply, changed} {
 					r.Family, r.Mix, r.Size, r.FileBytes, r.TableBytes = fam, mix, size, fileBytes, c.TableBytes
@@ -154,8 +210,8 @@ func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
 
 // measure runs one command o.Runs times, each after before(run) when
 // given: the median wall time with its min-max, the largest peak RSS, and
-// the first run's standard output.
-func (o ApplyOptions) measure(what, step string, args []string, before func(run int) error) (r ApplyResult, out []byte) {
+// each run's standard output.
+func (o ApplyOptions) measure(what, step string, args []string, before func(run int) error) (r ApplyResult, outs [][]byte) {
 	r.Step = step
 	var secs []float64
 	for run := range o.Runs {
@@ -171,9 +227,7 @@ func (o ApplyOptions) measure(what, step string, args []string, before func(run 
 			r.Error = err.Error()
 			break
 		}
-		if run == 0 {
-			out = stdout
-		}
+		outs = append(outs, stdout)
 		secs = append(secs, s)
 		r.PeakRSS = max(r.PeakRSS, rss)
 	}
@@ -181,7 +235,7 @@ func (o ApplyOptions) measure(what, step string, args []string, before func(run 
 		slices.Sort(secs)
 		r.Seconds, r.SecondsMin, r.SecondsMax = secs[len(secs)/2], secs[0], secs[len(secs)-1]
 	}
-	return r, out
+	return r, outs
 }
 
 // writeListPolicy writes the list file and a policy that drops its
@@ -199,9 +253,14 @@ func writeListPolicy(dir string, fam int, mix string, size int) (string, func(n 
 	// children's peak RSS starts from it (Go starts them on its own
 	// memory, and the kernel counts that in their maximum).
 	var line []byte
+	cands := changeCandidates(fam)
+	covered := make([]bool, len(cands))
 	eachPrefix(fam, mix, size, func(p netip.Prefix) {
 		line = append(p.AppendTo(line[:0]), '\n')
 		w.Write(line)
+		for i, a := range cands {
+			covered[i] = covered[i] || p.Contains(a)
+		}
 	})
 	if err := w.Flush(); err != nil {
 		return "", nil, 0, err
@@ -210,8 +269,17 @@ func writeListPolicy(dir string, fam int, mix string, size int) (string, func(n 
 	if err != nil {
 		return "", nil, 0, err
 	}
-	extra := map[int]string{4: "192.0.2.1\n", 6: "2001:db8::1\n"}[fam] // documentation addresses
+	// The entry added is an address no listed prefix holds: one inside a
+	// listed network merges into it, and the policy stays as it was (a
+	// list of ten million networks leaves none).
+	extra := ""
+	if i := slices.Index(covered, false); i >= 0 {
+		extra = cands[i].String() + "\n"
+	}
 	change := func(n int) error {
+		if extra == "" {
+			return fmt.Errorf("the %d addresses tried all lie in listed prefixes: no one-entry change alters this list's tables", len(cands))
+		}
 		if n%2 == 1 {
 			return os.Truncate(pol+".list", st.Size())
 		}
@@ -226,32 +294,59 @@ func writeListPolicy(dir string, fam int, mix string, size int) (string, func(n 
 	return pol, change, st.Size(), os.WriteFile(pol, []byte(text), 0o644)
 }
 
-// writeFeedPolicy writes a policy of size rules as a FlowSpec feed sends
-// them (MixFeed), returning its path, the change for run n (the first
-// rule's port changed, or changed back) and its size.
+// changeCandidates are the addresses a list's change may add: the
+// documentation ones, then random ones.
+func changeCandidates(fam int) []netip.Addr {
+	out := []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("198.51.100.1"), netip.MustParseAddr("203.0.113.1")}
+	if fam == 6 {
+		out = []netip.Addr{netip.MustParseAddr("2001:db8::1")}
+	}
+	rng := rand.New(rand.NewPCG(7, uint64(fam)))
+	for len(out) < 64 {
+		out = append(out, randomAddr(fam, rng))
+	}
+	return out
+}
+
+// writeFeedPolicy writes a policy of size rules as bench rules' feed
+// (scalePolicy with victims), returning its path, the change for run n
+// (the first rule's destination port 1 made 2, or 1 again, in place) and
+// its size.
 func writeFeedPolicy(dir string, fam int, mix string, size int) (string, func(n int) error, int64, error) {
 	pol := filepath.Join(dir, fmt.Sprintf("v%d-%s-%d.yaml", fam, mix, size))
-	text := func(firstPort int) []byte {
-		var b bytes.Buffer
-		b.WriteString("rules:\n")
-		for i := range size {
-			src := fmt.Sprintf("%d.%d.%d.0/24", 10+i>>16&127, i>>8&255, i&255)
-			if fam == 6 {
-				src = fmt.Sprintf("2001:db8:%x:%x::/64", i>>16&0xffff, i&0xffff)
-			}
-			port := 1 + i%65535
-			if i == 0 {
-				port = firstPort
-			}
-			fmt.Fprintf(&b, "  - {name: r%d, src: %s, proto: udp, dport: %d, action: drop}\n", i, src, port)
-		}
-		return b.Bytes()
+	f, err := os.Create(pol)
+	if err != nil {
+		return "", nil, 0, err
 	}
-	base, changed := text(1), text(2)
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+	writeScalePolicy(w, size, fam, true)
+	if err := w.Flush(); err != nil {
+		return "", nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return "", nil, 0, err
+	}
+	head := make([]byte, min(st.Size(), 64<<10))
+	if _, err := f.ReadAt(head, 0); err != nil {
+		return "", nil, 0, err
+	}
+	first := bytes.Index(head, []byte("{name: r0,"))
+	port := bytes.Index(head[max(first, 0):], []byte("dport: 1,"))
+	if first < 0 || port < 0 {
+		return "", nil, 0, fmt.Errorf("%s: no first rule of destination port 1", pol)
+	}
+	at := int64(first + port + len("dport: "))
 	change := func(n int) error {
-		return os.WriteFile(pol, [][]byte{changed, base}[n%2], 0o644)
+		f, err := os.OpenFile(pol, os.O_WRONLY, 0)
+		if err != nil {
+			return err
+		}
+		_, err = f.WriteAt([]byte{"21"[n%2]}, at)
+		return errors.Join(err, f.Close())
 	}
-	return pol, change, int64(len(base)), os.WriteFile(pol, base, 0o644)
+	return pol, change, st.Size(), nil
 }
 
 // timeChild runs the command and returns its wall time, peak RSS and

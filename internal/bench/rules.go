@@ -2,6 +2,7 @@ package bench
 
 import (
 	"fmt"
+	"io"
 	"net/netip"
 	"strings"
 	"time"
@@ -108,25 +109,30 @@ const scaleLists = 32
 // a source list, as BGP FlowSpec routes name the addresses under attack.
 func scalePolicy(n, fam int, victims bool) string {
 	var b strings.Builder
-	b.WriteString("lists:\n")
+	writeScalePolicy(&b, n, fam, victims)
+	return b.String()
+}
+
+// writeScalePolicy writes scalePolicy's text to w, a rule at a time.
+func writeScalePolicy(b io.Writer, n, fam int, victims bool) {
+	io.WriteString(b, "lists:\n")
 	for k := range scaleLists {
 		if fam == 6 {
-			fmt.Fprintf(&b, "  l%d: {prefixes: [\"2001:db8:%x::/48\"]}\n", k, k)
+			fmt.Fprintf(b, "  l%d: {prefixes: [\"2001:db8:%x::/48\"]}\n", k, k)
 		} else {
-			fmt.Fprintf(&b, "  l%d: {prefixes: [198.18.%d.0/24]}\n", k, k)
+			fmt.Fprintf(b, "  l%d: {prefixes: [198.18.%d.0/24]}\n", k, k)
 		}
 	}
-	b.WriteString("rules:\n")
+	io.WriteString(b, "rules:\n")
 	for i := range n {
 		sport, dport := scalePorts(i)
 		match := fmt.Sprintf("src: l%d", i%scaleLists)
 		if victims {
 			match = fmt.Sprintf("dst: %q", victim(i, fam))
 		}
-		fmt.Fprintf(&b, "  - {name: r%d, %s, proto: udp, sport: %d, dport: %d, action: drop}\n", i, match, sport, dport)
+		fmt.Fprintf(b, "  - {name: r%d, %s, proto: udp, sport: %d, dport: %d, action: drop}\n", i, match, sport, dport)
 	}
-	b.WriteString("default: pass\n")
-	return b.String()
+	io.WriteString(b, "default: pass\n")
 }
 
 // victim is the destination of a victims policy's rule i: a /32 (/128) of

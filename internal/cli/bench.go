@@ -220,14 +220,16 @@ func benchApplyCmd(g *globals) *cobra.Command {
 prefixes (the mixes of bench lookup: random32 is all hosts, /32 or /128;
 networks is a reputation list of networks) and a policy dropping them, or
 for the mix feed a policy of that many rules as a BGP FlowSpec feed sends
-them (UDP to a port of its own from an IPv4 /24 or IPv6 /64 of its own).
+them (bench rules' feed: UDP to an address and a port of its own; at most
+131,072 rules, a policy's limit).
 It runs 'rampart check' (read the policy, build the tables), 'rampart
 apply' (that, and load them into the kernel, on a veth in a namespace of
 its own, on pins and state of the run's own) and, as apply-change,
 'rampart apply' again after one change (an entry appended to the list
-file or cut off again; a feed's first rule's port changed or changed
-back), which fills a new generation of the program the first apply
-loaded. Each runs --runs times, a child process each. It reports the
+file or cut off again, an address no listed prefix holds; a feed's first
+rule's port changed or changed back), which fills a new generation of the
+program the first apply loaded: a change that leaves the policy as it
+was, or loads a program, is reported as an error. Each runs --runs times, a child process each. It reports the
 median wall time with min-max and the largest peak resident memory of the
 runs (the process's, from getrusage), beside the file's size and the
 tables' kernel memory.`,
@@ -246,6 +248,13 @@ tables' kernel memory.`,
 			}
 			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks, bench.MixFeed); err != nil {
 				return err
+			}
+			if slices.Contains(o.Mixes, bench.MixFeed) {
+				for _, n := range o.Sizes {
+					if n > policy.MaxRules {
+						return fmt.Errorf("--sizes %d: the feed is a policy of that many rules, at most %d", n, policy.MaxRules)
+					}
+				}
 			}
 			if o.Runs < 1 {
 				return fmt.Errorf("--runs %d: must be at least 1", o.Runs)
@@ -282,7 +291,7 @@ tables' kernel memory.`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&sizes, "sizes", "1000000,10000000", "list sizes, comma-separated")
+	f.StringVar(&sizes, "sizes", "1000000,10000000", "list sizes (a feed's: rules), comma-separated")
 	f.StringVar(&mixes, "mix", "random32,networks", "prefix mixes: egress, random32, networks; or feed, --sizes rules")
 	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
 	f.IntVar(&o.Runs, "runs", 3, "runs of each command (the median is reported)")

@@ -67,6 +67,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"lab", "flood", "--family", "7"}, `--family "7"`},
 		{[]string{"lab", "flood", "--tcp-rate", "0"}, "--tcp-rate and --udp-rate must be at least 1"},
 		{[]string{"bench", "rules", "--family", "5"}, "--family 5"},
+		{[]string{"bench", "apply", "--mix", "feed", "--sizes", "10000,200000"}, "--sizes 200000: the feed is a policy of that many rules, at most 131072"},
 		{[]string{"lab", "egress", "--methods", "none,pf"}, `--methods: unknown method "pf": choose from none, iptables,`},
 		{[]string{"lab", "egress", "--sizes", "10,0"}, "--sizes: 0: a size is 1 to 100000000 prefixes"},
 		{[]string{"lab", "egress", "--sizes", "ten"}, `--sizes "ten"`},
