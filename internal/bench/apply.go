@@ -58,7 +58,8 @@ type ApplyResult struct {
 	SecondsMin float64 `json:"seconds_min"`
 	SecondsMax float64 `json:"seconds_max"`
 	PeakRSS    int64   `json:"peak_rss_bytes"` // the largest of the runs
-	// Generation and PolicyHash: what the first run of an apply made live.
+	// Generation and PolicyHash: what an apply made live (apply: its last
+	// run; apply-change: its first).
 	Generation int    `json:"generation,omitempty"`
 	PolicyHash string `json:"policy_hash,omitempty"`
 	Error      string `json:"error,omitempty"`
@@ -104,7 +105,10 @@ func checkChanges(apply, changed *ApplyResult, outs [][]byte, prog [2]int) {
 			return
 		}
 	}
-	if prog[0] == 0 || prog[0] != prog[1] {
+	switch {
+	case prog[0] == 0 || prog[1] == 0:
+		changed.Error = "no XDP program on the bench's veth to compare: apply used tc"
+	case prog[0] != prog[1]:
 		changed.Error = fmt.Sprintf("the hook's XDP program went from ID %d to %d: the change loaded a program", prog[0], prog[1])
 	}
 }
@@ -173,9 +177,9 @@ func ApplyCost(o ApplyOptions) ([]ApplyResult, error) {
 					return lab.Run(slices.Concat([]string{o.Exe}, root, []string{"detach", "--iface", benchIf})...)
 				}
 				apply, outs := o.measure(what, StepApply, applyArgs, detach)
-				if apply.Error == "" {
+				if apply.Error == "" { // the last run's: the one apply-change follows
 					var err error
-					if apply.Generation, apply.PolicyHash, err = applied(outs[0]); err != nil {
+					if apply.Generation, apply.PolicyHash, err = applied(outs[len(outs)-1]); err != nil {
 						apply.Error = err.Error()
 					}
 				}

@@ -38,6 +38,13 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
+// Count is how many times s occurs in the log, read without a copy.
+func (l *logBuffer) Count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return bytes.Count(l.b.Bytes(), []byte(s))
+}
+
 // rampartCmd is this test binary acting as rampart, in ns unless ns is "".
 func rampartCmd(ns string, args ...string) *exec.Cmd {
 	exe, _ := os.Executable()

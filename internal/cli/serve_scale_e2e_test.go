@@ -116,10 +116,13 @@ func TestServeAtScale(t *testing.T) {
 	t.Logf("1M-entry list file replaced: the new entry drops %v after the file was written", took.Round(time.Millisecond))
 	// Table memory is the live generation's: a million addresses take 4
 	// bytes each at the least.
-	// The parsed 1M-entry list went back to the OS with its reload (kept,
+	// The parsed 1M-entry list goes back to the OS after its reload (kept,
 	// it was 117 MB against 48 here).
-	if rss := residentKB(t, cmd.Process.Pid); rss > 90<<10 {
-		t.Errorf("the service holds %d kB after the 1M-entry list's reload", rss)
+	for end := time.Now().Add(5 * time.Second); residentKB(t, cmd.Process.Pid) > 90<<10; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Errorf("the service holds %d kB 5 s after the 1M-entry list's reload", residentKB(t, cmd.Process.Pid))
+			break
+		}
 	}
 	hook := fmt.Sprintf(`direction="ingress",iface="%s"`, p.IfB)
 	bigMemory := metric(t, scrape(t, port), "rampart_table_memory_bytes", hook)
@@ -144,7 +147,7 @@ func TestServeAtScale(t *testing.T) {
 	// log; every one must count as a success.
 	var scrapes []time.Duration
 	prev := -1.0
-	reloadsLogged := func() int { return strings.Count(log.String(), "why=SIGHUP ") }
+	reloadsLogged := func() int { return log.Count("why=SIGHUP ") }
 	succeeded := func(text string) float64 { return metric(t, text, "rampart_reloads_total", `result="success"`) }
 	first := succeeded(scrape(t, port))
 	loop := time.Now()
@@ -154,8 +157,8 @@ func TestServeAtScale(t *testing.T) {
 		start := time.Now()
 		text := scrape(t, port)
 		scrapes = append(scrapes, time.Since(start))
-		if n := succeeded(text); n != first+float64(i) && n != first+float64(i+1) {
-			t.Fatalf("reload %d: rampart_reloads_total{result=success} is %v, want %v or %v\n%s", i, n, first+float64(i), first+float64(i+1), log)
+		if n := succeeded(text); n < first+float64(i) {
+			t.Fatalf("reload %d: rampart_reloads_total{result=success} is %v after %d successes\n%s", i, n, i, log)
 		}
 		v := metric(t, text, "rampart_rule_packets_total", `rule="r0"`)
 		if v < prev {
@@ -167,9 +170,12 @@ func TestServeAtScale(t *testing.T) {
 				t.Fatalf("reload %d did not complete\n%s", i, log)
 			}
 		}
+		if log.Count("reload failed") > 0 {
+			t.Fatalf("reload %d failed\n%s", i, log)
+		}
 	}
 	loopTook := time.Since(loop)
-	if n := succeeded(scrape(t, port)); n != first+float64(reloads) {
+	if n := succeeded(scrape(t, port)); n < first+float64(reloads) {
 		t.Fatalf("%v of %d reloads succeeded\n%s", n-first, reloads, log)
 	}
 	close(stop)

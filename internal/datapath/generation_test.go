@@ -255,11 +255,14 @@ func TestOverlayGrows(t *testing.T) {
 			t.Fatalf("a frame from %s: action %d, want %d", src, got, want)
 		}
 	}
-	ban := func(dir string, from, n int) {
+	addr := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}) }
+	// write adds bans from..from+n through the pins in dir, or with
+	// replace makes them the whole overlay.
+	write := func(dir string, from, n int, replace bool) {
 		t.Helper()
 		var ops []policy.ListOp
 		for i := from; i < from+n; i++ {
-			ops = append(ops, policy.ListOp{List: "ban", Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), 32), Add: true})
+			ops = append(ops, policy.ListOp{List: "ban", Prefix: netip.PrefixFrom(addr(i), 32), Add: true})
 		}
 		v4, v6 := compile.Overlay(map[string]uint64{"ban": 1}, ops)
 		o, err := datapath.LoadPinned(dir)
@@ -267,10 +270,16 @@ func TestOverlayGrows(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer o.Close()
-		if err := o.AddOverlay(v4, v6); err != nil {
+		if replace {
+			err = o.ReplaceOverlay(v4, v6)
+		} else {
+			err = o.AddOverlay(v4, v6)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
+	ban := func(dir string, from, n int) { write(dir, from, n, false) }
 	pinnedID := func(dir string) ebpf.MapID {
 		t.Helper()
 		m, err := ebpf.LoadPinnedMap(filepath.Join(dir, "overlay_v4"), nil)
@@ -278,7 +287,10 @@ func TestOverlayGrows(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer m.Close()
-		info, _ := m.Info()
+		info, err := m.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
 		id, _ := info.ID()
 		return id
 	}
@@ -299,8 +311,10 @@ func TestOverlayGrows(t *testing.T) {
 		return 0
 	}
 
+	// What the table held before it grew is in the grown one.
 	n := int(small) + 1000
-	ban(dirs[0], 0, n)
+	ban(dirs[0], 0, int(small)-1)
+	ban(dirs[0], int(small)-1, n-int(small)+1)
 	if id := slotID(); id != pinnedID(dirs[0]) {
 		t.Fatalf("after growing, frames read overlay %d, the pin is %d", id, pinnedID(dirs[0]))
 	}
@@ -308,7 +322,7 @@ func TestOverlayGrows(t *testing.T) {
 		t.Fatal("the other pins already follow: the test shows nothing")
 	}
 	for _, i := range []int{0, n / 2, n - 1} {
-		judge(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), abi.ActionDrop)
+		judge(addr(i), abi.ActionDrop)
 	}
 	judge(ip("10.200.0.1"), abi.ActionPass)
 	ban(dirs[1], 1<<16, 1)
@@ -316,15 +330,29 @@ func TestOverlayGrows(t *testing.T) {
 		t.Fatalf("the other hook's pins write overlay %d, frames read %d", pinnedID(dirs[1]), id)
 	}
 	for _, i := range []int{0, n - 1, 1 << 16} {
-		judge(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}), abi.ActionDrop)
+		judge(addr(i), abi.ActionDrop)
 	}
 	o, err := datapath.LoadPinned(dirs[1])
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer o.Close()
-	if got := o.OverlayV4.MaxEntries(); got <= small {
-		t.Fatalf("the overlay holds %d entries in a table of %d", n+1, got)
+	grown := o.OverlayV4.MaxEntries()
+	o.Close()
+	if grown <= small {
+		t.Fatalf("the overlay holds %d entries in a table of %d", n+1, grown)
 	}
-	t.Logf("overlay of %d entries grown from %d to %d", n+1, small, o.OverlayV4.MaxEntries())
+	// A rewrite past the grown table grows it again, and the entries it no
+	// longer has go from the table frames read.
+	more := 3 * int(grown)
+	write(dirs[0], n/2, more, true)
+	if id := slotID(); id != pinnedID(dirs[0]) {
+		t.Fatalf("after growing again, frames read overlay %d, the pin is %d", id, pinnedID(dirs[0]))
+	}
+	for _, c := range []struct {
+		i    int
+		want uint8
+	}{{0, abi.ActionPass}, {n/2 - 1, abi.ActionPass}, {n / 2, abi.ActionDrop}, {n/2 + more - 1, abi.ActionDrop}, {n/2 + more, abi.ActionPass}} {
+		judge(addr(c.i), c.want)
+	}
+	t.Logf("overlay grown from %d to %d entries' table for %d, then for %d replacing them", small, grown, n+1, more)
 }

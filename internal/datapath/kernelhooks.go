@@ -71,7 +71,7 @@ func KernelHooks(ns string, known func() (map[ebpf.ProgramID]bool, error)) ([]Ke
 		}
 		return nil
 	})
-	if err != nil {
+	if err != nil || len(running) == 0 {
 		return nil, err
 	}
 	skip, err := known()

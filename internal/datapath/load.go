@@ -181,7 +181,7 @@ func filterSpec(img *compile.Image, programs bool) (*ebpf.CollectionSpec, error)
 	if err != nil {
 		return nil, fmt.Errorf("read the embedded BPF object: %w", err)
 	}
-	most := spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries
+	most := [2]uint32{spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries, spec.Maps[filterMapOverlayV6].InnerMap.MaxEntries}
 	if programs {
 		spec = spec.Copy()
 	} else {
@@ -191,8 +191,8 @@ func filterSpec(img *compile.Image, programs bool) (*ebpf.CollectionSpec, error)
 		}
 		spec = maps
 	}
-	spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV4), most)
-	spec.Maps[filterMapOverlayV6].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV6), most)
+	spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV4), most[0])
+	spec.Maps[filterMapOverlayV6].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV6), most[1])
 	return spec, nil
 }
 
@@ -567,6 +567,12 @@ func (o *Objects) IsLive() (bool, error) {
 // the generation before it is.
 func (o *Objects) Activate() error {
 	if live, err := o.IsLive(); err != nil || live {
+		return err
+	}
+	// In a slot still (an activation cut short), its overlay tables may
+	// have grown there past those o was opened with: the slot's are put
+	// back (a pin not put right is on the next write).
+	if _, err := o.readSlotOverlays(); err != nil {
 		return err
 	}
 	cur, _, err := o.liveSlot()

@@ -34,15 +34,16 @@ func overlayCapacity(n int, most uint32) uint32 {
 }
 
 // ReplaceOverlay rewrites the in-place overlay of the objects (see
-// TableMaps.ReplaceOverlay), growing a table that fills.
+// writeOverlay), growing a table that fills.
 func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
-	if err := o.readSlotOverlays(); err != nil {
+	pinErr, err := o.readSlotOverlays()
+	if err != nil {
 		return err
 	}
 	if err := o.addMaskEqs(v4, v6); err != nil {
 		return err
 	}
-	return o.tables().writeOverlay(v4, v6, false, o.growers())
+	return errors.Join(o.tables().writeOverlay(v4, v6, false, o.growers()), pinErr)
 }
 
 // AddOverlay writes overlay entries over the ones held, as a change's are:
@@ -50,7 +51,8 @@ func (o *Objects) ReplaceOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []c
 // growing a table that fills. Nothing is deleted; a length left without
 // entries costs a probe until the next ReplaceOverlay.
 func (o *Objects) AddOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
-	if err := o.readSlotOverlays(); err != nil {
+	pinErr, err := o.readSlotOverlays()
+	if err != nil {
 		return err
 	}
 	m := o.tables()
@@ -63,11 +65,13 @@ func (o *Objects) AddOverlay(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 	grow := o.growers()
 	_, err4 := putOrGrow(m.OverlayV4, v4, grow[0])
 	_, err6 := putOrGrow(m.OverlayV6, v6, grow[1])
-	return errors.Join(err4, err6)
+	return errors.Join(err4, err6, pinErr)
 }
 
 // grower makes a full overlay table's replacement, holding what it held,
-// with room for pending entries more, and returns it.
+// with room for pending entries more, and returns it: nil when it made
+// none; with an error beside it when the replacement is in place but
+// could not be pinned.
 type grower func(pending int) (*ebpf.Map, error)
 
 // growers grow o's overlay tables, IPv4's and IPv6's; none for an earlier
@@ -96,16 +100,24 @@ func putOrGrow[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.Ove
 	if grow == nil || !errors.Is(err, unix.E2BIG) {
 		return m, err
 	}
-	if m, err = grow(len(entries)); err != nil {
-		return nil, err
+	grown, pinErr := grow(len(entries))
+	if grown == nil {
+		return nil, pinErr
 	}
-	return m, putOverlay(m, entries)
+	return grown, errors.Join(putOverlay(grown, entries), pinErr)
 }
+
+// overlayElemBytes is about what a hash table element of the overlay
+// costs the kernel: the element's header, key and value, and its bucket.
+const overlayElemBytes = 96
 
 // growOverlay replaces g's full table with one made for what it holds and
 // pending entries more: a copy, put into the generation's slot of the
-// outer map when it has one (frames read either whole), then pinned over
-// the old table's pin.
+// outer map when it has one, then pinned over the old table's pin. A
+// frame's probes may meet either table, one length the old and another
+// the new: the new holds every entry of the old, which takes no more
+// writes. The old table is closed once the put has returned, after the
+// kernel's grace period.
 func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending int) (*ebpf.Map, error) {
 	old := *g.inner
 	held, err := readOverlay[K](old)
@@ -121,6 +133,9 @@ func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending in
 	if inner.MaxEntries <= old.MaxEntries() {
 		return nil, fmt.Errorf("the overlay holds %d entries of a family and %d more do not fit (at most %d): fold the live list changes into the lists' files, or revert some", len(held), pending, old.MaxEntries())
 	}
+	if err := CheckMemory(uint64(inner.MaxEntries) * overlayElemBytes); err != nil {
+		return nil, fmt.Errorf("grow the overlay: %w", err)
+	}
 	m, err := ebpf.NewMap(inner)
 	if err != nil {
 		return nil, fmt.Errorf("grow the overlay: %w", err)
@@ -133,7 +148,7 @@ func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending in
 		m.Close()
 		return nil, fmt.Errorf("grow the overlay: %w", err)
 	}
-	slot, err := o.slot()
+	slot, _, err := o.overlaySlot(g)
 	if err == nil && slot >= 0 {
 		err = (*g.outer).Put(uint32(slot), m)
 	}
@@ -148,42 +163,58 @@ func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending in
 	return m, o.repin(g.name, m)
 }
 
+// overlaySlot is the slot of g's outer map that holds o's table of g's
+// family, and the table there: the slot of o's generation, -1 when it is
+// in none or that slot holds no overlay table (an activation or a delete
+// cut short).
+func (o *Objects) overlaySlot(g genMap) (int, ebpf.MapID, error) {
+	slot, err := o.slot()
+	if err != nil || slot < 0 {
+		return -1, 0, err
+	}
+	var id ebpf.MapID
+	if err := (*g.outer).Lookup(uint32(slot), &id); errors.Is(err, ebpf.ErrKeyNotExist) {
+		return -1, 0, nil
+	} else if err != nil {
+		return -1, 0, fmt.Errorf("read the generation's %s: %w", g.name, err)
+	}
+	return slot, id, nil
+}
+
 // readSlotOverlays makes o's overlay tables those its generation's slot
 // holds, when it is in one, and pins them where o was opened from: a table
 // grown through another hook's pins of the same generation, or a growth
 // cut short between its put and its pin, leaves the old one pinned here,
-// and a change written into it would never reach a frame.
-func (o *Objects) readSlotOverlays() error {
+// and a change written into it would never reach a frame. A table it
+// could not pin is o's all the same (pinErr): the next write pins it.
+func (o *Objects) readSlotOverlays() (pinErr, err error) {
 	if o.shape.Live == nil {
-		return nil
-	}
-	slot, err := o.slot()
-	if err != nil || slot < 0 {
-		return err
+		return nil, nil
 	}
 	for _, g := range o.overlayMaps() {
-		var id ebpf.MapID
-		if err := (*g.outer).Lookup(uint32(slot), &id); err != nil {
-			return fmt.Errorf("read the generation's %s: %w", g.name, err)
+		slot, id, err := o.overlaySlot(g)
+		if err != nil {
+			return nil, err
+		}
+		if slot < 0 {
+			continue
 		}
 		own, err := mapID(*g.inner)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if own == id {
 			continue
 		}
 		m, err := ebpf.NewMapFromID(id)
 		if err != nil {
-			return fmt.Errorf("open the generation's %s: %w", g.name, err)
+			return nil, fmt.Errorf("open the generation's %s: %w", g.name, err)
 		}
 		(*g.inner).Close()
 		*g.inner = m
-		if err := o.repin(g.name, m); err != nil {
-			return err
-		}
+		pinErr = errors.Join(pinErr, o.repin(g.name, m))
 	}
-	return nil
+	return pinErr, nil
 }
 
 // slot is the slot of the shape's outer maps that holds o's maps, -1 when
@@ -206,6 +237,9 @@ func (o *Objects) slot() (int, error) {
 	return -1, nil
 }
 
+// errPin is a grown overlay table in place that could not be pinned.
+var errPin = errors.New("pin the grown overlay table")
+
 // repin pins m as o's map of that name, over the pin there, atomically
 // (bpffs renames like any file system).
 func (o *Objects) repin(name string, m *ebpf.Map) error {
@@ -215,12 +249,14 @@ func (o *Objects) repin(name string, m *ebpf.Map) error {
 	path := filepath.Join(o.pins, name)
 	tmp := path + "_new"
 	os.Remove(tmp)
-	if err := (object{m: &m}).pin(tmp); err != nil {
-		return fmt.Errorf("pin the grown %s: %w", name, err)
+	err := (object{m: &m}).pin(tmp)
+	if err == nil {
+		if err = os.Rename(tmp, path); err != nil {
+			os.Remove(tmp)
+		}
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("pin the grown %s: %w", name, err)
+	if err != nil {
+		return fmt.Errorf("%w %s: %w", errPin, name, err)
 	}
 	return nil
 }
@@ -363,7 +399,7 @@ func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compil
 		delete(held, e.Key)
 	}
 	m, err := putOrGrow(m, changed, grow)
-	if err != nil {
+	if m == nil || err != nil && !errors.Is(err, errPin) {
 		return err
 	}
 	for k := range held { // stale
@@ -371,7 +407,7 @@ func replaceOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compil
 			return err
 		}
 	}
-	return nil
+	return err // a grown table not pinned: in place, and pinned by the next write
 }
 
 // readOverlay reads an overlay table whole, in batches.

@@ -28,7 +28,7 @@ var (
 	descLastReload = prometheus.NewDesc("rampart_last_reload_timestamp_seconds", "When the policy was last (re)loaded.", nil, nil)
 	descLastOK     = prometheus.NewDesc("rampart_last_reload_success", "1 if the last reload applied, 0 if it failed and the previous policy runs.", nil, nil)
 	descMode       = prometheus.NewDesc("rampart_attached", "A hook rampart runs on: 1 if its program is attached.", []string{"iface", "direction", "mode"}, nil)
-	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of the policy generation a hook runs: its tables, rules and counters, and the outer maps holding them.", []string{"iface", "direction"}, nil)
+	descMemory     = prometheus.NewDesc("rampart_table_memory_bytes", "Memory the kernel accounts to the BPF maps of the policy generation a hook runs: its tables, rules and counters, and the outer maps holding them (hooks applied together share them: each counts them).", []string{"iface", "direction"}, nil)
 	descAPIRefused = prometheus.NewDesc("rampart_api_refused_total", "API requests refused (403): the client was neither root nor in --api-group.", nil, nil)
 	descCSActive   = prometheus.NewDesc("rampart_crowdsec_decisions", "CrowdSec decisions active in the service's set, by origin and type (types not enforced are counted, not listed).", []string{"origin", "type"}, nil)
 	descCSPolls    = prometheus.NewDesc("rampart_crowdsec_polls_total", "Polls of the CrowdSec decision stream, by result.", []string{"result"}, nil)
