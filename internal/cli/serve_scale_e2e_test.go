@@ -27,7 +27,7 @@ import (
 // and table memory follows the live generation. Reported, not asserted
 // (timing is a benchmark's business): how long the new list took to drop
 // the second source after the file was written, the reloads' and the
-// loop's times (a scrape waits for a reload to finish), resident memory.
+// loop's times, scrape durations, resident memory.
 func TestServeAtScale(t *testing.T) {
 	testutil.Privileged(t)
 	reloads := 30

@@ -66,11 +66,11 @@ func (d *Daemon) apiHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		hooks, err := d.fw.Status()
-		d.mu.Lock()
+		d.shown.Lock()
 		st := map[string]any{"netns": d.fw.Netns(), "hooks": hooks, "policy": d.opt.PolicyFile, "generation": d.generation,
 			"last_reload": d.lastReload, "last_reload_ok": d.lastOK, "last_reload_error": d.lastError,
 			"reloads": map[string]int{"success": d.reloads[true], "failure": d.reloads[false]}}
-		d.mu.Unlock()
+		d.shown.Unlock()
 		reply(w, st, err)
 	})
 	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {

@@ -77,7 +77,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descMemory, prometheus.GaugeValue, float64(h.TableBytes), h.Iface, h.Direction)
 		}
 	}
-	d.mu.Lock()
+	d.shown.Lock()
 	for name, n := range d.listSizes {
 		ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(n[0]), name, "4")
 		ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(n[1]), name, "6")
@@ -87,7 +87,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(d.reloads[false]), "failure")
 	ch <- prometheus.MustNewConstMetric(descLastReload, prometheus.GaugeValue, float64(d.lastReload.UnixNano())/float64(time.Second))
 	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(d.lastOK))
-	d.mu.Unlock()
+	d.shown.Unlock()
 	ch <- prometheus.MustNewConstMetric(descAPIRefused, prometheus.CounterValue, float64(d.apiRefused.Load()))
 	d.cs.collect(ch, snap.Rows)
 	d.fs.collect(ch, snap.Rows)

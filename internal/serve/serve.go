@@ -53,7 +53,11 @@ type Daemon struct {
 	opt Options
 	log *slog.Logger
 
-	mu         sync.Mutex // one apply or list change at a time
+	mu sync.Mutex // one apply or list change at a time
+	// shown guards what scrapes and /v1/status read of the reloads, so
+	// that they need not wait for an apply under way (mu): written under
+	// both.
+	shown      sync.Mutex
 	generation int
 	reloads    map[bool]int // by result
 	lastReload time.Time
@@ -278,34 +282,42 @@ func (d *Daemon) reloadLocked(why string) error {
 		fold := func(list string) bool { return !fedBy(cs, list) }
 		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, PolicyOf: policyOf, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress, Fold: fold})
 	}
+	d.shown.Lock()
 	d.lastReload, d.lastOK = time.Now(), err == nil
 	d.reloads[err == nil]++
 	if err != nil {
 		d.lastError = err.Error()
+	}
+	d.shown.Unlock()
+	if err != nil {
 		d.log.Error("reload failed: the running policy stays", "why", why, "err", err)
 		return err
 	}
 	d.afterReload(pol)
 	d.flowspecApplied()
-	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, map[string][2]int{}
+	sizes := map[string][2]int{}
 	for name, l := range pol.Lists {
 		if !l.Inline.IsValid() { // a rule's prefix (a FlowSpec route's) is no list
-			d.listSizes[name] = [2]int{len(l.V4), len(l.V6)}
+			sizes[name] = [2]int{len(l.V4), len(l.V6)}
 		}
 	}
+	d.shown.Lock()
+	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, sizes
 	for _, a := range res.Applied {
 		d.generation = max(d.generation, a.Generation)
 	}
-	d.log.Info("policy applied", "why", why, "rules", len(pol.Rules), "lists", len(d.listSizes), "generation", d.generation, "took", time.Since(start).Round(time.Millisecond).String())
+	generation := d.generation
+	d.shown.Unlock()
+	d.log.Info("policy applied", "why", why, "rules", len(pol.Rules), "lists", len(sizes), "generation", generation, "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
 }
 
 // files are the policy file and the list files it read last, absolute.
 func (d *Daemon) files() []string {
 	files := []string{d.opt.PolicyFile}
-	d.mu.Lock()
+	d.shown.Lock()
 	files = append(files, d.listFiles...)
-	d.mu.Unlock()
+	d.shown.Unlock()
 	for i, f := range files {
 		if abs, err := filepath.Abs(f); err == nil {
 			files[i] = abs
