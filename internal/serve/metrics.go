@@ -78,16 +78,17 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	d.shown.Lock()
-	for name, n := range d.listSizes {
+	sizes, generation, ok, failed, last, lastOK := d.listSizes, d.generation, d.reloads[true], d.reloads[false], d.lastReload, d.lastOK
+	d.shown.Unlock()
+	for name, n := range sizes {
 		ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(n[0]), name, "4")
 		ch <- prometheus.MustNewConstMetric(descListSize, prometheus.GaugeValue, float64(n[1]), name, "6")
 	}
-	ch <- prometheus.MustNewConstMetric(descGeneration, prometheus.GaugeValue, float64(d.generation))
-	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(d.reloads[true]), "success")
-	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(d.reloads[false]), "failure")
-	ch <- prometheus.MustNewConstMetric(descLastReload, prometheus.GaugeValue, float64(d.lastReload.UnixNano())/float64(time.Second))
-	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(d.lastOK))
-	d.shown.Unlock()
+	ch <- prometheus.MustNewConstMetric(descGeneration, prometheus.GaugeValue, float64(generation))
+	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(ok), "success")
+	ch <- prometheus.MustNewConstMetric(descReloads, prometheus.CounterValue, float64(failed), "failure")
+	ch <- prometheus.MustNewConstMetric(descLastReload, prometheus.GaugeValue, float64(last.UnixNano())/float64(time.Second))
+	ch <- prometheus.MustNewConstMetric(descLastOK, prometheus.GaugeValue, boolf(lastOK))
 	ch <- prometheus.MustNewConstMetric(descAPIRefused, prometheus.CounterValue, float64(d.apiRefused.Load()))
 	d.cs.collect(ch, snap.Rows)
 	d.fs.collect(ch, snap.Rows)

@@ -55,8 +55,8 @@ type Daemon struct {
 
 	mu sync.Mutex // one apply or list change at a time
 	// shown guards what scrapes and /v1/status read of the reloads, so
-	// that they need not wait for an apply under way (mu): written under
-	// both.
+	// that they need not wait for a reload under way (mu): writes hold mu
+	// then shown; a read needs either.
 	shown      sync.Mutex
 	generation int
 	reloads    map[bool]int // by result
@@ -282,14 +282,12 @@ func (d *Daemon) reloadLocked(why string) error {
 		fold := func(list string) bool { return !fedBy(cs, list) }
 		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, PolicyOf: policyOf, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress, Fold: fold})
 	}
-	d.shown.Lock()
-	d.lastReload, d.lastOK = time.Now(), err == nil
-	d.reloads[err == nil]++
+	now := time.Now()
 	if err != nil {
-		d.lastError = err.Error()
-	}
-	d.shown.Unlock()
-	if err != nil {
+		d.shown.Lock()
+		d.lastReload, d.lastOK, d.lastError = now, false, err.Error()
+		d.reloads[false]++
+		d.shown.Unlock()
 		d.log.Error("reload failed: the running policy stays", "why", why, "err", err)
 		return err
 	}
@@ -301,8 +299,11 @@ func (d *Daemon) reloadLocked(why string) error {
 			sizes[name] = [2]int{len(l.V4), len(l.V6)}
 		}
 	}
+	// Published at once: a reader sees the reload whole or not at all.
 	d.shown.Lock()
-	d.lastError, d.listFiles, d.listSizes = "", pol.ListFiles, sizes
+	d.lastReload, d.lastOK, d.lastError = now, true, ""
+	d.reloads[true]++
+	d.listFiles, d.listSizes = pol.ListFiles, sizes
 	for _, a := range res.Applied {
 		d.generation = max(d.generation, a.Generation)
 	}
