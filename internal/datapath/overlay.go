@@ -148,8 +148,12 @@ func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending in
 		m.Close()
 		return nil, fmt.Errorf("grow the overlay: %w", err)
 	}
-	slot, _, err := o.overlaySlot(g)
-	if err == nil && slot >= 0 {
+	slot, err := o.slot()
+	var there ebpf.MapID
+	if err == nil {
+		there, err = overlayIn(g, slot)
+	}
+	if err == nil && there != 0 {
 		err = (*g.outer).Put(uint32(slot), m)
 	}
 	if err != nil {
@@ -163,22 +167,18 @@ func growOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](o *Objects, g genMap, pending in
 	return m, o.repin(g.name, m)
 }
 
-// overlaySlot is the slot of g's outer map that holds o's table of g's
-// family, and the table there: the slot of o's generation, -1 when it is
-// in none or that slot holds no overlay table (an activation or a delete
-// cut short).
-func (o *Objects) overlaySlot(g genMap) (int, ebpf.MapID, error) {
-	slot, err := o.slot()
-	if err != nil || slot < 0 {
-		return -1, 0, err
-	}
+// overlayIn is the table of g's family in slot of g's outer map (the
+// slot of o's generation, o.slot), 0 when there is none: no slot, or one
+// an activation or a delete cut short left without that table.
+func overlayIn(g genMap, slot int) (ebpf.MapID, error) {
 	var id ebpf.MapID
-	if err := (*g.outer).Lookup(uint32(slot), &id); errors.Is(err, ebpf.ErrKeyNotExist) {
-		return -1, 0, nil
-	} else if err != nil {
-		return -1, 0, fmt.Errorf("read the generation's %s: %w", g.name, err)
+	if slot < 0 {
+		return 0, nil
 	}
-	return slot, id, nil
+	if err := (*g.outer).Lookup(uint32(slot), &id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return 0, fmt.Errorf("read the generation's %s: %w", g.name, err)
+	}
+	return id, nil
 }
 
 // readSlotOverlays makes o's overlay tables those its generation's slot
@@ -191,12 +191,16 @@ func (o *Objects) readSlotOverlays() (pinErr, err error) {
 	if o.shape.Live == nil {
 		return nil, nil
 	}
+	slot, err := o.slot()
+	if err != nil || slot < 0 {
+		return nil, err
+	}
 	for _, g := range o.overlayMaps() {
-		slot, id, err := o.overlaySlot(g)
+		id, err := overlayIn(g, slot)
 		if err != nil {
 			return nil, err
 		}
-		if slot < 0 {
+		if id == 0 {
 			continue
 		}
 		own, err := mapID(*g.inner)
