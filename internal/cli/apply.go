@@ -10,6 +10,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/gcpace"
 	"github.com/rampart-fw/rampart/internal/serve"
 )
 
@@ -64,6 +65,7 @@ this command is killed.`,
 				return err
 			}
 			datapath.ParseAhead()
+			gcpace.Lazy()
 			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
 			if err != nil {
 				return err

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rampart-fw/rampart/internal/engine"
+	"github.com/rampart-fw/rampart/internal/gcpace"
 )
 
 func checkCmd(g *globals) *cobra.Command {
@@ -29,6 +30,7 @@ never match).`,
 			if err != nil {
 				return err
 			}
+			gcpace.Lazy()
 			pol, err := g.loadPolicy(cmd.Context(), file, lenient)
 			if err != nil {
 				return err

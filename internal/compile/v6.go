@@ -3,11 +3,10 @@ package compile
 import (
 	"cmp"
 	"net/netip"
-	"runtime/debug"
 	"slices"
-	"sync"
 
 	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/gcpace"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -55,7 +54,7 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	// the peak near the live set itself (ten million /128s: 1.5 GB -> 1.15
 	// GB), and the heap is nearly all pointer-free, so that each collection
 	// costs little.
-	defer lowerGC()()
+	defer gcpace.Low()()
 	// Room for the tables: they are laid out in place.
 	short, long := make([]abi.V6Slot, 0, tableSlots(nShort, quadShape)), make([]abi.V6LongSlot, 0, tableSlots(nLong, pairShape))
 	// Prefixes past /24 come in address order, so their blocks do too: each
@@ -91,29 +90,6 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	t.V6Blocks, t.V6BlockMul = cuckooTable[abi.V6Bucket](blocks, func(s *abi.V6Block) uint32 { return s.Key }, pairShape)
 	t.V6Short, t.V6ShortMul = cuckooTable[abi.V6ShortBucket](short, func(s *abi.V6Slot) uint32 { return digest6(s.Key, 0, s.Len) }, quadShape)
 	t.V6Long, t.V6LongMul = cuckooTable[abi.V6LongBucket](long, func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }, pairShape)
-}
-
-// lowGC is GOGC held at 10% while any build needs it, restored after the
-// last (builds may overlap: tests, a check beside a service's reload).
-var lowGC struct {
-	sync.Mutex
-	builds, saved int
-}
-
-func lowerGC() (restore func()) {
-	lowGC.Lock()
-	if lowGC.builds == 0 {
-		lowGC.saved = debug.SetGCPercent(10)
-	}
-	lowGC.builds++
-	lowGC.Unlock()
-	return func() {
-		lowGC.Lock()
-		if lowGC.builds--; lowGC.builds == 0 {
-			debug.SetGCPercent(lowGC.saved)
-		}
-		lowGC.Unlock()
-	}
 }
 
 // hotLength is the length most prefixes past /24 have.
