@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"math/rand/v2"
 	"net/netip"
+	"runtime"
 	"slices"
 	"testing"
 	"unsafe"
@@ -202,9 +203,35 @@ func TestCuckoo(t *testing.T) {
 		if i := slices.Index(placed, false); i >= 0 {
 			t.Fatalf("%d slots: key %d has no slot", c.slots, i)
 		}
+		// Page-local tables are placed in parts at once: a second
+		// placement, on one CPU, lays the keys out the same.
+		old := runtime.GOMAXPROCS(1)
 		slots2, buckets2, mul2 := placeCuckoo(keys, c)
+		runtime.GOMAXPROCS(old)
 		if buckets2 != buckets || mul2 != mul || !slices.Equal(slots, slots2) {
 			t.Errorf("%d slots: two layouts of the same keys", c.slots)
+		}
+	}
+}
+
+// TestPermute: permute, which lays out tables too big to copy, moves each
+// element where scatter puts it, and leaves the other slots zero.
+func TestPermute(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{1, 100, 70_000} {
+		slots := n + n/3
+		items := make([]abi.V4Block, slots)
+		for i := range n {
+			items[i] = abi.V4Block{Key: uint32(i + 1), Octets: rng.Uint32(), Entry: rng.Uint64()}
+		}
+		pos := make([]uint32, n)
+		for i, p := range rng.Perm(slots)[:n] {
+			pos[i] = uint32(p)
+		}
+		want := scatter(items[:n], slots, pos)
+		permute(items, n, pos)
+		if !slices.Equal(items, want) {
+			t.Fatalf("%d items: permute and scatter disagree", n)
 		}
 	}
 }
