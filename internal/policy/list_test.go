@@ -435,3 +435,49 @@ func TestParseV6Forms(t *testing.T) {
 		}
 	}
 }
+
+// TestSectionsGathered: a list of two files, each big enough to be parsed
+// in sections, holds every entry once: with comments between them, IPv6
+// lines no section's first lines show, and a last line without its end.
+func TestSectionsGathered(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(4, runtime.GOMAXPROCS(0)))) // sections even on one CPU
+	rng := rand.New(rand.NewPCG(7, 7))
+	var want4 []Range4
+	var want6 []Range6
+	entries := 0
+	file := func(n int, v6Every int, v6Tail int, end string) string {
+		var b strings.Builder
+		for i := range n + v6Tail {
+			switch {
+			case i%997 == 0:
+				b.WriteString("# a comment\n\n")
+			case i >= n || (v6Every > 0 && i%v6Every == 0):
+				a := netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 4: byte(i >> 24), 5: byte(i >> 16), 6: byte(i >> 8), 7: byte(i), 15: byte(rng.Uint32())})
+				b.WriteString(a.String() + "\n")
+				want6 = append(want6, Range6{U128Of(a), U128Of(a)})
+				entries++
+			default:
+				a := rng.Uint32()
+				b.WriteString(UintToV4(a).String() + "\n")
+				want4 = append(want4, Range4{a, a})
+				entries++
+			}
+		}
+		return strings.TrimSuffix(b.String(), "\n") + end
+	}
+	one := file(800_000, 0, 3, "\n") // IPv6 only in the last lines
+	two := file(600_000, 50, 0, "")  // both families from the start
+	if len(one) < 8<<20 || len(two) < 8<<20 {
+		t.Fatalf("files of %d and %d bytes: too small to be cut in sections", len(one), len(two))
+	}
+	l, err := readList(t, 0, Options{}, writeList(t, one), writeList(t, two))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Entries != entries {
+		t.Errorf("%d entries, want %d", l.Entries, entries)
+	}
+	if !slices.Equal(l.V4, MergeRanges4(want4)) || !slices.Equal(l.V6, MergeRanges6(want6)) {
+		t.Errorf("the list's ranges (%d IPv4, %d IPv6) differ from the files' (%d, %d)", len(l.V4), len(l.V6), len(MergeRanges4(want4)), len(MergeRanges6(want6)))
+	}
+}
