@@ -65,7 +65,8 @@ func blockMultipliers(seed uint64) [2]uint64 {
 // (the abi's bucket types; TestBucketLayout). When items has the capacity
 // (tableSlots), and not far more, the table is laid out in place, over
 // items' memory, which it then owns: ten million prefixes do not need their
-// table twice.
+// table twice (one of up to scatterBytes is made in a copy first, then
+// copied over the items).
 func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2]uint64) {
 	keys := make([]uint32, len(items))
 	for i := range items {
@@ -90,6 +91,9 @@ func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2
 	if cap(items) >= n && cap(items) <= n+n/8 {
 		table = items[:n]
 		if uintptr(n)*unsafe.Sizeof(table[0]) <= scatterBytes {
+			// Made apart and copied back: the items' memory stays the
+			// table's, a 1M-entry list's peak 8 MB lower than with the
+			// items left as garbage.
 			copy(table, scatter(table[:len(items)], n, pos))
 		} else {
 			clear(table[len(items):])
@@ -115,12 +119,12 @@ func firstPages(n int, sh shape) uint32 {
 	return uint32(float64(n)/(float64(sh.slots)*sh.load*abi.PageBuckets)) + 1
 }
 
-// scatterBytes is the largest table laid out in place through a copy
-// (scatter) rather than by permute: a copy costs the table's size again
-// while it lasts, and its writes, unlike permute's reads, do not wait on
-// each other and split over the CPUs. A million IPv4 blocks (22 MB):
-// permute took 56 ms.
-const scatterBytes = 64 << 20
+// scatterBytes is the largest table laid out through a copy (scatter)
+// rather than by permute: the copy is the table's size again while it
+// lasts, but its writes, unlike permute's reads, do not wait on each other
+// and split over the CPUs. A million IPv4 blocks (22 MB): permute took 56
+// ms of CPU, scatter 19 over two CPUs. A variable for TestCuckooInPlace.
+var scatterBytes uintptr = 64 << 20
 
 // scatter is a table of n slots with items[i] at pos[i], the others zero.
 // Pieces of items go on goroutines of their own: pos sends no two items to
@@ -224,16 +228,22 @@ func placeCuckoo(keys []uint32, sh shape) (slots []uint32, buckets uint32, mul [
 // that can move to its other bucket, then evicts along a pseudo-random
 // walk. Besides the table it takes eight bytes a key: a key's buckets are
 // hashed again when needed rather than kept. A page-local shape's keys
-// never leave their page, so parts of the pages are placed at once, each
-// on a goroutine and a walk of its own: a million IPv4 blocks took 47 ms
-// on one CPU. The parts are as many whatever the CPUs, so that one set of
-// keys still gives one layout.
+// never leave their page, so from 65,536 keys on, eight parts of the
+// pages are placed at once, each on a goroutine and a walk of its own (a
+// million IPv4 blocks took 47 ms on one CPU before): the parts are as
+// many whatever the CPUs, so that one set of keys still gives one layout.
 func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
 	sorted := byPage(keys, mul, n, sh.local)
 	table := make([]uint32, int(n)*sh.slots) // item per slot (an index into sorted + 1); 0: free
 	parts := 1
 	if sh.local && len(keys) >= 1<<16 {
 		parts = min(placeParts, int(n/abi.PageBuckets))
+	}
+	if parts == 1 {
+		if !place(table, sorted, 0, len(sorted), sh, n, mul, seed) {
+			return nil, false
+		}
+		return keysOf(table, sorted), true
 	}
 	page := func(i int) uint32 { return bucketPair(sorted[i].digest, mul, n, sh.local)[0] / abi.PageBuckets }
 	ok := make([]bool, parts)
@@ -252,12 +262,18 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 	if slices.Contains(ok, false) {
 		return nil, false
 	}
+	return keysOf(table, sorted), true
+}
+
+// keysOf turns a placed table's items (indexes into sorted + 1) into
+// keys' (indexes into keys + 1).
+func keysOf(table []uint32, sorted []pageKey) []uint32 {
 	for s, item := range table {
 		if item != 0 {
 			table[s] = sorted[item-1].key + 1
 		}
 	}
-	return table, true
+	return table
 }
 
 // placeParts is how many parts of a page-local table's pages are placed

@@ -165,6 +165,7 @@ func TestOverlay(t *testing.T) {
 // TestCuckoo places many keys (with colliding digests among them) and finds
 // every one in one of its two buckets; the layout is the same every time.
 func TestCuckoo(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(4))
 	rng := rand.New(rand.NewPCG(3, 3))
 	keys := make([]uint32, 200_000)
 	seen := map[uint32]bool{}
@@ -204,7 +205,8 @@ func TestCuckoo(t *testing.T) {
 			t.Fatalf("%d slots: key %d has no slot", c.slots, i)
 		}
 		// Page-local tables are placed in parts at once: a second
-		// placement, on one CPU, lays the keys out the same.
+		// placement, on one CPU where the first had four, lays the keys
+		// out the same.
 		old := runtime.GOMAXPROCS(1)
 		slots2, buckets2, mul2 := placeCuckoo(keys, c)
 		runtime.GOMAXPROCS(old)
@@ -278,9 +280,11 @@ func TestBucketLayout(t *testing.T) {
 	}
 }
 
-// TestCuckooInPlace: a table laid out over its items' memory is the table
-// laid out in a copy.
+// TestCuckooInPlace: a table laid out over its items' memory, through a
+// copy (tables up to scatterBytes) or by permute (bigger ones), is the
+// table laid out in a new array.
 func TestCuckooInPlace(t *testing.T) {
+	defer func(was uintptr) { scatterBytes = was }(scatterBytes)
 	rng := rand.New(rand.NewPCG(5, 5))
 	for _, n := range []int{1, 63, 5000, 100_000} {
 		items := make([]abi.V6LongSlot, n)
@@ -288,15 +292,20 @@ func TestCuckooInPlace(t *testing.T) {
 			items[i] = abi.V6LongSlot{Hi: rng.Uint64(), Lo: rng.Uint64(), Len: 128, Cls: uint32(i)}
 		}
 		digest := func(s *abi.V6LongSlot) uint32 { return digest6(s.Hi, s.Lo, s.Len) }
-		copied, mul := cuckooTable[abi.V6LongBucket](slices.Clip(slices.Clone(items)), digest, pairShape)
-		room := append(make([]abi.V6LongSlot, 0, tableSlots(n, pairShape)), items...)
-		inPlace, mul2 := cuckooTable[abi.V6LongBucket](room, digest, pairShape)
-		if mul != mul2 || !slices.Equal(copied, inPlace) {
-			t.Fatalf("%d items: the table laid out in place differs from the copy", n)
+		scatterBytes = 64 << 20
+		copied, mul := cuckooTable[abi.V6LongBucket](slices.Clone(items), digest, pairShape)
+		for _, limit := range []uintptr{64 << 20, 0} {
+			scatterBytes = limit
+			room := append(make([]abi.V6LongSlot, 0, tableSlots(n, pairShape)), items...)
+			inPlace, mul2 := cuckooTable[abi.V6LongBucket](room, digest, pairShape)
+			if mul != mul2 || !slices.Equal(copied, inPlace) {
+				t.Fatalf("%d items, scatter up to %d bytes: the table laid out in place differs from the copy", n, limit)
+			}
+			if &inPlace[0].Slot[0] != &room[:1][0] {
+				t.Errorf("%d items, scatter up to %d bytes: not laid out in place", n, limit)
+			}
 		}
-		if &inPlace[0].Slot[0] != &room[:1][0] {
-			t.Errorf("%d items: not laid out in place", n)
-		}
+		inPlace := copied
 		found := 0
 		for _, b := range inPlace {
 			for _, s := range b.Slot {

@@ -55,7 +55,7 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	// GB), and the heap is nearly all pointer-free, so that each collection
 	// costs little.
 	defer gcpace.Low()()
-	// Room for the tables: they are laid out in place.
+	// Room for the tables: big ones are laid out in place.
 	short, long := make([]abi.V6Slot, 0, tableSlots(nShort, quadShape)), make([]abi.V6LongSlot, 0, tableSlots(nLong, pairShape))
 	// Prefixes past /24 come in address order, so their blocks do too: each
 	// marks its length in the last block. A prefix up to /24 gives its class
