@@ -92,8 +92,7 @@ func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2
 		table = items[:n]
 		if uintptr(n)*unsafe.Sizeof(table[0]) <= scatterBytes {
 			// Made apart and copied back: the items' memory stays the
-			// table's, a 1M-entry list's peak 8 MB lower than with the
-			// items left as garbage.
+			// table's, and the copy, not the items, is left as garbage.
 			copy(table, scatter(table[:len(items)], n, pos))
 		} else {
 			clear(table[len(items):])
