@@ -3,11 +3,10 @@ package compile
 import (
 	"runtime"
 	"slices"
-	"sort"
-	"sync"
 	"unsafe"
 
 	"github.com/rampart-fw/rampart/internal/abi"
+	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 // Blocks (the /24s holding anything) and IPv6 prefixes go into bucketized
@@ -130,17 +129,11 @@ var scatterBytes uintptr = 64 << 20
 // one slot.
 func scatter[S any](items []S, n int, pos []uint32) []S {
 	table := make([]S, n)
-	pieces := max(1, min(runtime.GOMAXPROCS(0), len(items)/(1<<16)))
-	var wg sync.WaitGroup
-	for p := range pieces {
-		lo, hi := len(items)*p/pieces, len(items)*(p+1)/pieces
-		wg.Go(func() {
-			for i, at := range pos[lo:hi] {
-				table[at] = items[lo+i]
-			}
-		})
-	}
-	wg.Wait()
+	policy.InPieces(len(items), max(1, min(runtime.GOMAXPROCS(0), len(items)/(1<<16))), func(_, lo, hi int) {
+		for i, at := range pos[lo:hi] {
+			table[at] = items[lo+i]
+		}
+	})
 	return table
 }
 
@@ -232,47 +225,25 @@ func placeCuckoo(keys []uint32, sh shape) (slots []uint32, buckets uint32, mul [
 // million IPv4 blocks took 47 ms on one CPU before): the parts are as
 // many whatever the CPUs, so that one set of keys still gives one layout.
 func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]uint32, bool) {
-	sorted := byPage(keys, mul, n, sh.local)
+	sorted, start := byPage(keys, mul, n, sh.local)
 	table := make([]uint32, int(n)*sh.slots) // item per slot (an index into sorted + 1); 0: free
 	parts := 1
 	if sh.local && len(keys) >= 1<<16 {
 		parts = min(placeParts, int(n/abi.PageBuckets))
 	}
-	if parts == 1 {
-		if !place(table, sorted, 0, len(sorted), sh, n, mul, seed) {
-			return nil, false
-		}
-		return keysOf(table, sorted), true
-	}
-	page := func(i int) uint32 { return bucketPair(sorted[i].digest, mul, n, sh.local)[0] / abi.PageBuckets }
 	ok := make([]bool, parts)
-	var wg sync.WaitGroup
-	for p := range parts {
-		// The keys of pages [first, last): sorted is in page order.
-		first, last := uint32(uint64(n/abi.PageBuckets)*uint64(p)/uint64(parts)), uint32(uint64(n/abi.PageBuckets)*uint64(p+1)/uint64(parts))
-		lo := sort.Search(len(sorted), func(i int) bool { return page(i) >= first })
-		hi := sort.Search(len(sorted), func(i int) bool { return page(i) >= last })
-		if p == parts-1 {
-			hi = len(sorted)
-		}
-		wg.Go(func() { ok[p] = place(table, sorted, lo, hi, sh, n, mul, seed+uint64(p)*0x9e3779b97f4a7c15) })
-	}
-	wg.Wait()
+	policy.InPieces(int(n/abi.PageBuckets), parts, func(p, first, last int) {
+		ok[p] = place(table, sorted, int(start[first]), int(start[last]), sh, n, mul, seed+uint64(p)*0x9e3779b97f4a7c15)
+	})
 	if slices.Contains(ok, false) {
 		return nil, false
 	}
-	return keysOf(table, sorted), true
-}
-
-// keysOf turns a placed table's items (indexes into sorted + 1) into
-// keys' (indexes into keys + 1).
-func keysOf(table []uint32, sorted []pageKey) []uint32 {
 	for s, item := range table {
 		if item != 0 {
 			table[s] = sorted[item-1].key + 1
 		}
 	}
-	return table
+	return table, true
 }
 
 // placeParts is how many parts of a page-local table's pages are placed
@@ -341,21 +312,23 @@ func place(table []uint32, sorted []pageKey, lo, hi int, sh shape, n uint32, mul
 type pageKey struct{ digest, key uint32 }
 
 // byPage is the keys ordered by the page of their first bucket, keeping
-// the keys' order within a page (a counting sort).
-func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) []pageKey {
+// the keys' order within a page (a counting sort), and where each page's
+// keys start in that order (start[pages] is their count).
+func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) (sorted []pageKey, start []uint32) {
 	page := func(k uint32) uint32 { return bucketPair(k, mul, n, local)[0] / abi.PageBuckets }
-	start := make([]uint32, n/abi.PageBuckets+1)
+	start = make([]uint32, n/abi.PageBuckets+1)
 	for _, k := range keys {
 		start[page(k)+1]++
 	}
 	for p := 1; p < len(start); p++ {
 		start[p] += start[p-1]
 	}
-	sorted := make([]pageKey, len(keys))
+	next := slices.Clone(start)
+	sorted = make([]pageKey, len(keys))
 	for i, k := range keys {
 		p := page(k)
-		sorted[start[p]] = pageKey{k, uint32(i)}
-		start[p]++
+		sorted[next[p]] = pageKey{k, uint32(i)}
+		next[p]++
 	}
-	return sorted
+	return sorted, start
 }

@@ -187,7 +187,7 @@ func (p *parser) rules(items []*yaml.Node, pol *Policy) error {
 		err    error // at the rule after the last of rules
 	}
 	pieces := make([]piece, piecesOf(len(items)))
-	inPieces(len(items), len(pieces), func(i, lo, hi int) {
+	InPieces(len(items), len(pieces), func(i, lo, hi int) {
 		pc := &pieces[i]
 		pc.rules, pc.inline = make([]Rule, 0, hi-lo), make(map[string]*List, hi-lo)
 		for _, rn := range items[lo:hi] {

@@ -198,7 +198,7 @@ func (r *Rule) Alternatives() []Rule {
 // counters).
 func MatchKeys(rules []Rule) []string {
 	keys := make([]string, len(rules))
-	inPieces(len(rules), piecesOf(len(rules)), func(_, lo, hi int) {
+	InPieces(len(rules), piecesOf(len(rules)), func(_, lo, hi int) {
 		for i := lo; i < hi; i++ {
 			keys[i] = rules[i].MatchKey()
 		}
@@ -206,9 +206,13 @@ func MatchKeys(rules []Rule) []string {
 	return keys
 }
 
-// inPieces runs do over [0, n) cut into pieces, each on a goroutine of its
-// own, and returns once every piece is done.
-func inPieces(n, pieces int, do func(piece, lo, hi int)) {
+// InPieces runs do over [0, n) cut into pieces, each on a goroutine of its
+// own (one piece on the caller's), and returns once every piece is done.
+func InPieces(n, pieces int, do func(piece, lo, hi int)) {
+	if pieces == 1 {
+		do(0, 0, n)
+		return
+	}
 	var wg sync.WaitGroup
 	for p := range pieces {
 		wg.Go(func() { do(p, n*p/pieces, n*(p+1)/pieces) })
