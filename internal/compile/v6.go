@@ -23,25 +23,35 @@ import (
 // never held all at once: a first pass counts them by kind, so each table's
 // entries are allocated once (ten million prefixes are hundreds of MB).
 func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefixes []netip.Prefix) {
-	var nShort, nLong, nWide int
-	count := func(_ policy.U128, length int) {
-		switch {
-		case length <= 24:
+	// nBlocks bounds the blocks of prefixes past /24: a list's prefixes
+	// come in address order, so its blocks are counted once each.
+	const noBlock = 1 << 24
+	var nShort, nLong, nWide, nBlocks int
+	last := uint32(noBlock)
+	count := func(first policy.U128, length int) {
+		if length <= 24 {
 			nWide += 1 << (24 - length)
-		case length <= 64:
+			return
+		}
+		if blk := uint32(first.Hi >> 40); blk != last {
+			nBlocks, last = nBlocks+1, blk
+		}
+		if length <= 64 {
 			nShort++
-		default:
+		} else {
 			nLong++
 		}
 	}
 	for _, l := range lists {
+		last = noBlock
 		for _, r := range l.V6 {
 			policy.Cover(r.Lo, r.Hi, 128, count)
 		}
 	}
 	for _, p := range prefixes {
 		if p.Addr().Is6() {
-			count(policy.U128{}, p.Bits())
+			last = noBlock
+			count(policy.U128Of(p.Addr()), p.Bits())
 		}
 	}
 	if nShort+nLong+nWide == 0 {
@@ -56,7 +66,14 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	// marks its length in the last block. A prefix up to /24 gives its class
 	// to every block it covers, which its descendants come back to: those
 	// marks are kept aside and merged in.
-	var lens []abi.V6Block
+	// lens is allocated once: appended to as it grew, its copies took 0.9 s
+	// of ten million /128s' build. Without wide marks it is the blocks'
+	// table, with the room to be laid out in place.
+	room := nBlocks
+	if nWide == 0 {
+		room = tableSlots(nBlocks, pairShape)
+	}
+	lens := make([]abi.V6Block, 0, room)
 	wide := make([]blockMark, 0, nWide)
 	eachClosed(lists, masks, prefixes, t.prefixParent, func(e entry6) {
 		cls := c.class(member{e.mask, e.prefix})
@@ -109,6 +126,9 @@ func hotLength(short []abi.V6Slot, long []abi.V6LongSlot) uint32 {
 // of the prefixes up to /24 covering them, and adds the blocks those cover
 // alone: the longest such prefix holding a block gives its class.
 func mergeBlocks(lens []abi.V6Block, wide []blockMark) []abi.V6Block {
+	if len(wide) == 0 {
+		return lens
+	}
 	slices.SortFunc(wide, func(a, b blockMark) int {
 		if c := cmp.Compare(a.blk, b.blk); c != 0 {
 			return c
