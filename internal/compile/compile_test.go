@@ -389,6 +389,67 @@ func TestV6WideAndNarrow(t *testing.T) {
 	}
 }
 
+// TestV6LongOnly: without prefixes up to /24, the blocks of the longer
+// ones are counted ahead and their array becomes the blocks' table; with
+// several lists sharing blocks the count is over and the table is copied.
+// Either way every block is there once and every lookup agrees with the
+// lists.
+func TestV6LongOnly(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{1, 3} {
+		var lists []*policy.List
+		var bits []uint64
+		for i := range n {
+			var ps []netip.Prefix
+			for range 20_000 {
+				var b [16]byte
+				b[0], b[1], b[2] = 0x20, 0x01, byte(rng.IntN(64)) // 64 blocks the lists share
+				for k := 3; k < 16; k++ {
+					b[k] = byte(rng.IntN(256))
+				}
+				ps = append(ps, netip.PrefixFrom(netip.AddrFrom16(b), []int{40, 48, 64, 96, 120, 128, 128, 128}[rng.IntN(8)]).Masked())
+			}
+			lists = append(lists, policy.NewList("l"+string(rune('a'+i)), ps))
+			bits = append(bits, 1<<i)
+		}
+		tb := BuildTables(lists, bits, nil)
+		if len(tb.V6Short) == 0 || len(tb.V6Long) == 0 {
+			t.Fatalf("%d lists: no table of prefixes past /24", n)
+		}
+		seen := map[uint32]bool{}
+		for _, b := range tb.V6Blocks {
+			for _, s := range b.Slot {
+				if s.Key != 0 {
+					if seen[s.Key] || s.Base != 0 || s.ShortLens|s.LongLens == 0 {
+						t.Fatalf("%d lists: block %06x: twice, or %+v", n, s.Key-1, s)
+					}
+					seen[s.Key] = true
+				}
+			}
+		}
+		if len(seen) != 64 {
+			t.Errorf("%d lists: %d blocks, want 64", n, len(seen))
+		}
+		for k := range 20_000 {
+			l := lists[rng.IntN(n)]
+			r := l.V6[rng.IntN(len(l.V6))]
+			a := r.Lo.Addr()
+			if k%2 == 1 { // beside a listed range, mostly in no list
+				a = r.Hi.Add1().Addr()
+			}
+			var want uint64
+			for i, l := range lists {
+				if l.Contains(a) {
+					want |= bits[i]
+				}
+			}
+			if got := lookup6(&tb, a); got != want {
+				t.Fatalf("%d lists: %s: tables %b, lists %b", n, a, got, want)
+			}
+		}
+	}
+}
+
 // Hash takes the rules' bytes as they lie in memory: with no padding in
 // the layout they are what binary.Write makes of them, every field and
 // nothing else.

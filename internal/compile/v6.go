@@ -24,7 +24,8 @@ import (
 // entries are allocated once (ten million prefixes are hundreds of MB).
 func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefixes []netip.Prefix) {
 	// nBlocks bounds the blocks of prefixes past /24: a list's prefixes
-	// come in address order, so its blocks are counted once each.
+	// come in address order, so its blocks are counted once each (lists
+	// that share blocks count them again); an inline prefix counts one.
 	const noBlock = 1 << 24
 	var nShort, nLong, nWide, nBlocks int
 	last := uint32(noBlock)
@@ -66,8 +67,8 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	// marks its length in the last block. A prefix up to /24 gives its class
 	// to every block it covers, which its descendants come back to: those
 	// marks are kept aside and merged in.
-	// lens is allocated once: appended to as it grew, its copies took 0.9 s
-	// of ten million /128s' build. Without wide marks it is the blocks'
+	// lens is allocated once: grown by append, its copies took 0.9 s of
+	// ten million /128s' build. Without wide marks it is the blocks'
 	// table, with the room to be laid out in place.
 	room := nBlocks
 	if nWide == 0 {
@@ -127,7 +128,7 @@ func hotLength(short []abi.V6Slot, long []abi.V6LongSlot) uint32 {
 // alone: the longest such prefix holding a block gives its class.
 func mergeBlocks(lens []abi.V6Block, wide []blockMark) []abi.V6Block {
 	if len(wide) == 0 {
-		return lens
+		return lens // with its room: the table is laid out over it
 	}
 	slices.SortFunc(wide, func(a, b blockMark) int {
 		if c := cmp.Compare(a.blk, b.blk); c != 0 {
