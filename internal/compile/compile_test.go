@@ -18,6 +18,17 @@ func lookup4(t *Tables, a uint32) uint64 { return t.Lookup(policy.UintToV4(a), n
 
 func lookup6(t *Tables, a netip.Addr) uint64 { return t.Lookup(a, nil) }
 
+// holding is the mask of the lists holding a, as the lists say.
+func holding(lists []*policy.List, bits []uint64, a netip.Addr) uint64 {
+	var mask uint64
+	for i, l := range lists {
+		if l.Contains(a) {
+			mask |= bits[i]
+		}
+	}
+	return mask
+}
+
 func TestNestedAllowDeny(t *testing.T) {
 	pol, err := policy.Parse("p.yaml", []byte(`
 lists:
@@ -100,13 +111,7 @@ func TestTablesAgainstLists(t *testing.T) {
 					a = x.Lo + uint32(rng.Uint64N(uint64(x.Hi-x.Lo)+3)) - 1
 				}
 			}
-			var want uint64
-			for i, l := range lists {
-				if l.Contains(policy.UintToV4(a)) {
-					want |= bits[i]
-				}
-			}
-			if got := lookup4(&tb, a); got != want {
+			if got, want := lookup4(&tb, a), holding(lists, bits, policy.UintToV4(a)); got != want {
 				t.Fatalf("round %d: %s: tables %b, lists %b", round, policy.UintToV4(a), got, want)
 			}
 		}
@@ -114,13 +119,7 @@ func TestTablesAgainstLists(t *testing.T) {
 			var b [16]byte
 			b[0], b[1], b[15] = 0x20, byte(rng.IntN(5)), byte(rng.IntN(256))
 			a := netip.AddrFrom16(b)
-			var want uint64
-			for i, l := range lists {
-				if l.Contains(a) {
-					want |= bits[i]
-				}
-			}
-			if got := lookup6(&tb, a); got != want {
+			if got, want := lookup6(&tb, a), holding(lists, bits, a); got != want {
 				t.Fatalf("round %d: %s: tables %b, lists %b", round, a, got, want)
 			}
 		}
@@ -437,13 +436,7 @@ func TestV6LongOnly(t *testing.T) {
 			if k%2 == 1 { // beside a listed range, mostly in no list
 				a = r.Hi.Add1().Addr()
 			}
-			var want uint64
-			for i, l := range lists {
-				if l.Contains(a) {
-					want |= bits[i]
-				}
-			}
-			if got := lookup6(&tb, a); got != want {
+			if got, want := lookup6(&tb, a), holding(lists, bits, a); got != want {
 				t.Fatalf("%d lists: %s: tables %b, lists %b", n, a, got, want)
 			}
 		}
