@@ -364,6 +364,27 @@ func RangePrefixes(lo, hi netip.Addr) []netip.Prefix {
 
 // parseV4 reads "a.b.c.d" or "a.b.c.d/n" with the same rules as netip (no
 // leading zeros) without allocating; anything else is left to netip.
+// hexDigit is each byte's value as a hex digit, notHex for the others: a
+// load instead of three range tests, whose branches a random address's
+// mix of digits and letters mispredicts.
+var hexDigit = func() (t [256]uint8) {
+	for c := range t {
+		switch {
+		case c >= '0' && c <= '9':
+			t[c] = uint8(c - '0')
+		case c >= 'a' && c <= 'f':
+			t[c] = uint8(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			t[c] = uint8(c - 'A' + 10)
+		default:
+			t[c] = notHex
+		}
+	}
+	return t
+}()
+
+const notHex = 0xff
+
 // parseV6 parses the plain IPv6 forms (hex groups, at most one "::", an
 // optional length) without allocating; anything else (a dotted IPv4 tail, a
 // zone, IPv4-mapped addresses, which are IPv4) is left to netip.
@@ -380,19 +401,12 @@ func parseV6(s []byte) (addr U128, bits int, ok bool) {
 		}
 		v, d := 0, 0
 		for ; i < len(s) && d < 5; i, d = i+1, d+1 {
-			c := s[i]
-			switch {
-			case c >= '0' && c <= '9':
-				v = v<<4 | int(c-'0')
-			case c >= 'a' && c <= 'f':
-				v = v<<4 | int(c-'a'+10)
-			case c >= 'A' && c <= 'F':
-				v = v<<4 | int(c-'A'+10)
-			default:
-				goto end
+			x := hexDigit[s[i]]
+			if x == notHex {
+				break
 			}
+			v = v<<4 | int(x)
 		}
-	end:
 		if d == 0 || d > 4 {
 			return addr, 0, false
 		}

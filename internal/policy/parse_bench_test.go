@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"net/netip"
 	"strings"
 	"testing"
 )
@@ -19,6 +21,25 @@ func BenchmarkParse10k(b *testing.B) {
 	for b.Loop() {
 		if _, err := Parse("feed.yaml", data); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkParseV6Lines parses 100,000 random /128s as a list file writes
+// them (bench apply's random32 mix): the parse of every line of a big IPv6
+// list.
+func BenchmarkParseV6Lines(b *testing.B) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	lines := make([][]byte, 100_000)
+	for i := range lines {
+		u := U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}
+		lines[i] = []byte(netip.PrefixFrom(u.Addr(), 128).String())
+	}
+	for b.Loop() {
+		for _, l := range lines {
+			if _, _, ok := parseV6(l); !ok {
+				b.Fatalf("%s refused", l)
+			}
 		}
 	}
 }
