@@ -87,7 +87,7 @@ func (ps *policies) load(yaml string) *loaded {
 		}
 		img := compile.Build(pol)
 		for _, shape := range ps.shapes {
-			o, fits, err := datapath.LoadOver(shape.objs, img)
+			o, fits, err := datapath.LoadOver(shape.objs, img, nil)
 			if err != nil {
 				t.Fatalf("LoadOver: %v\npolicy:\n%s", err, yaml)
 			}

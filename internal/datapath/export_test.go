@@ -1,6 +1,10 @@
 package datapath
 
-import "github.com/rampart-fw/rampart/internal/abi"
+import (
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/abi"
+)
 
 // HideTCX makes tc attach as on a kernel without tcx (a clsact filter) until
 // the returned function runs.
@@ -43,4 +47,28 @@ func AsAnotherBuild(o *Objects) error {
 	}
 	live.Object++
 	return o.shape.Live.Put(uint32(0), live)
+}
+
+// MapIDs are the IDs of a spare's maps (o nil) or of o's own generation's,
+// by name.
+func MapIDs(s *Spare, o *Objects) map[string]ebpf.MapID {
+	ids := map[string]ebpf.MapID{}
+	add := func(name string, m *ebpf.Map) {
+		if info, err := m.Info(); err == nil {
+			ids[name], _ = info.ID()
+		}
+	}
+	if o != nil {
+		for _, g := range o.generation() {
+			add(g.name, *g.inner)
+		}
+		return ids
+	}
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for name, m := range s.maps {
+		add(name, m)
+	}
+	return ids
 }

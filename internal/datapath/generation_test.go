@@ -46,7 +46,7 @@ func image(t *testing.T, yaml string) *compile.Image {
 func twoGenerations(t *testing.T) (a *loaded, b *datapath.Objects, frame []byte) {
 	t.Helper()
 	a = load(t, datapath.KindXDP, genA)
-	b, fits, err := datapath.LoadOver(a.objs, image(t, genB))
+	b, fits, err := datapath.LoadOver(a.objs, image(t, genB), nil)
 	if err != nil || !fits {
 		t.Fatalf("LoadOver: fits %v, %v", fits, err)
 	}
@@ -91,7 +91,7 @@ func TestGenerationsShareAProgram(t *testing.T) {
 		"rules:\n  - {name: r, dport: 80, action: syncookie}\n", // the SYN cookie check
 		manyRules(100), // more rules than the shape holds
 	} {
-		if o, fits, err := datapath.LoadOver(a.objs, image(t, other)); fits || err != nil || o != nil {
+		if o, fits, err := datapath.LoadOver(a.objs, image(t, other), nil); fits || err != nil || o != nil {
 			t.Errorf("%q fits the shape of a one-rule policy (%v)", other[:30], err)
 		}
 	}
@@ -103,14 +103,62 @@ func TestGenerationsShareAProgram(t *testing.T) {
 		fmt.Fprintf(&big, "%d.%d.%d.1, ", 1+i>>16, (i>>8)&255, i&255)
 	}
 	big.WriteString("198.51.100.1]}\nrules:\n  - {name: a-drop, src: a, action: drop}\n")
-	if o, fits, err := datapath.LoadOver(load(t, datapath.KindXDP, big.String()).objs, image(t, genA)); fits || err != nil || o != nil {
+	if o, fits, err := datapath.LoadOver(load(t, datapath.KindXDP, big.String()).objs, image(t, genA), nil); fits || err != nil || o != nil {
 		t.Errorf("a one-address list fits tables of 60,000 blocks (%v)", err)
 	}
 	if err := datapath.AsAnotherBuild(a.objs); err != nil {
 		t.Fatal(err)
 	}
-	if o, fits, err := datapath.LoadOver(a.objs, image(t, genB)); fits || err != nil || o != nil {
+	if o, fits, err := datapath.LoadOver(a.objs, image(t, genB), nil); fits || err != nil || o != nil {
 		t.Errorf("a policy fits the program of another build (%v): its code would outlive an upgrade", err)
+	}
+}
+
+// TestSpareGeneration: maps made from a shape while a policy compiles
+// become the new generation's when the policy fits the shape, and judge as
+// its own would; when it does not, closing the spare frees every one.
+func TestSpareGeneration(t *testing.T) {
+	a := load(t, datapath.KindXDP, genA)
+	spare := datapath.MakeSpare(a.objs)
+	made := datapath.MapIDs(spare, nil)
+	b, fits, err := datapath.LoadOver(a.objs, image(t, genB), spare)
+	if err != nil || !fits {
+		t.Fatalf("LoadOver: fits %v, %v", fits, err)
+	}
+	defer b.Close()
+	spare.Close()
+	own := datapath.MapIDs(nil, b)
+	if len(made) == 0 || len(made) != len(own) {
+		t.Fatalf("%d spare maps for a generation of %d", len(made), len(own))
+	}
+	for name, id := range own {
+		if made[name] != id {
+			t.Errorf("%s: map %d, not the spare's %d", name, id, made[name])
+		}
+	}
+	if err := b.Activate(); err != nil {
+		t.Fatal(err)
+	}
+	frame := packet.Frame{Src: ip("198.51.100.1"), Dst: ip("192.0.2.1"), Proto: 17, Dport: 9}.Bytes()
+	ret, err := a.prog.Run(&ebpf.RunOptions{Data: frame})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := actionOf(ebpf.XDP, ret); got != abi.ActionPass {
+		t.Fatalf("the generation in spare maps: action %d, want pass (%d)", got, abi.ActionPass)
+	}
+
+	spare = datapath.MakeSpare(a.objs)
+	made = datapath.MapIDs(spare, nil)
+	if o, fits, err := datapath.LoadOver(a.objs, image(t, manyRules(100)), spare); fits || err != nil || o != nil {
+		t.Fatalf("100 rules fit a one-rule shape (%v)", err)
+	}
+	spare.Close()
+	for name, id := range made {
+		if m, err := ebpf.NewMapFromID(id); err == nil {
+			m.Close()
+			t.Errorf("spare %s (map %d) outlives Close", name, id)
+		}
 	}
 }
 
@@ -226,7 +274,7 @@ func TestEarlierReleaseGeneration(t *testing.T) {
 	if _, err := old.ReadCounters(abi.SlotRule0 + 1); err != nil {
 		t.Error(err)
 	}
-	if o, fits, err := datapath.LoadOver(old, image(t, genB)); fits || err != nil || o != nil {
+	if o, fits, err := datapath.LoadOver(old, image(t, genB), nil); fits || err != nil || o != nil {
 		t.Errorf("a policy fits an earlier release's program (%v)", err)
 	}
 }

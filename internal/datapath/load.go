@@ -90,7 +90,7 @@ func NewFloodKey() ([2]uint64, error) {
 // cookie to the new one. The program's shape fits img with room to grow:
 // LoadOver fills later policies into it without loading a program.
 func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
-	spec, err := filterSpec(img, true)
+	spec, err := filterSpec(img, true, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +111,7 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 		o.Close()
 		return nil, fmt.Errorf("write the live generation: %w", err)
 	}
-	if err := o.newGeneration(spec, img); err != nil {
+	if err := o.newGeneration(spec, img, nil); err != nil {
 		o.Close()
 		return nil, err
 	}
@@ -122,8 +122,9 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // fits their shape: no program is loaded or verified. The generation is
 // not live until Activate. fits is false (and nothing made) when img needs
 // a program of another shape (tables past their capacity or far below it,
-// SYN cookies added or removed) or the programs are another build's.
-func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err error) {
+// SYN cookies added or removed) or the programs are another build's. The
+// generation takes what it can of spare (nil: none), made from shape.
+func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fits bool, err error) {
 	var live abi.Live
 	if shape.shape.Live == nil || shape.shape.Live.Lookup(uint32(0), &live) != nil || live.Object != objectID() {
 		return nil, false, nil // another release's program: its code goes with it
@@ -131,7 +132,7 @@ func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err er
 	if img.Syncookie != (shape.RampartTcCookie != nil) {
 		return nil, false, nil
 	}
-	spec, err := filterSpec(img, false)
+	spec, err := filterSpec(img, false, spare.bytes())
 	if err != nil {
 		return nil, false, err
 	}
@@ -151,7 +152,7 @@ func LoadOver(shape *Objects, img *compile.Image) (o *Objects, fits bool, err er
 	if err := shape.shareShape(o); err != nil {
 		return nil, true, err
 	}
-	if err := o.newGeneration(spec, img); err != nil {
+	if err := o.newGeneration(spec, img, spare); err != nil {
 		o.Close()
 		return nil, true, err
 	}
@@ -166,15 +167,15 @@ var objectID = sync.OnceValue(func() uint64 {
 })
 
 // filterSpec is a copy of the embedded filter's spec, once img is known to
-// fit the kernel's limits and memory: of its maps alone without programs,
-// all a new generation of loaded programs needs (copying the programs'
-// instructions too took 3 ms). Its overlay tables are sized for img's
-// (overlayCapacity).
-func filterSpec(img *compile.Image, programs bool) (*ebpf.CollectionSpec, error) {
+// fit the kernel's limits and memory (less ready, what spare maps for it
+// already hold): of its maps alone without programs, all a new generation
+// of loaded programs needs (copying the programs' instructions too took 3
+// ms). Its overlay tables are sized for img's (overlayCapacity).
+func filterSpec(img *compile.Image, programs bool, ready uint64) (*ebpf.CollectionSpec, error) {
 	if len(img.Rules) > abi.MaxRules {
 		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), abi.MaxRules)
 	}
-	if err := CheckMemory(img.KernelBytes()); err != nil {
+	if err := CheckMemory(img.KernelBytes() - min(ready, img.KernelBytes())); err != nil {
 		return nil, err
 	}
 	spec, err := parsedFilter()
@@ -252,10 +253,10 @@ func capacity(n int) uint32 {
 	return uint32((c + step - 1) / step * step)
 }
 
-// newGeneration creates o's own maps from spec's inner maps and fills
-// them with img, then makes them its shape's live generation if that has
-// none (a program just loaded).
-func (o *Objects) newGeneration(spec *ebpf.CollectionSpec, img *compile.Image) error {
+// newGeneration creates o's own maps from spec's inner maps, or takes
+// them from spare, and fills them with img, then makes them its shape's
+// live generation if that has none (a program just loaded).
+func (o *Objects) newGeneration(spec *ebpf.CollectionSpec, img *compile.Image, spare *Spare) error {
 	// The kernel allocates and zeroes every element of a map it creates:
 	// a 10,000-rule policy's per-CPU counters took 12-16 ms each, the
 	// overlays' hash tables 9 ms each, one after another (strace -T).
@@ -265,6 +266,9 @@ func (o *Objects) newGeneration(spec *ebpf.CollectionSpec, img *compile.Image) e
 	var wg sync.WaitGroup
 	for i, g := range gens {
 		wg.Go(func() {
+			if *g.inner = spare.take(g.name, spec.Maps[g.name].InnerMap); *g.inner != nil {
+				return
+			}
 			m, err := ebpf.NewMap(spec.Maps[g.name].InnerMap)
 			if err != nil {
 				errs[i] = fmt.Errorf("create %s: %w", g.name, err)

@@ -203,16 +203,24 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	}, len(pols))
 	var kernelBytes uint64
 	for i, pol := range pols {
+		// The maps of a new generation of the hooks' programs are made
+		// while the policy compiles, in case it fits their shape.
+		shape := fw.sharedShape(hooksOf(hooks, polOf, i))
+		spare := datapath.MakeSpare(shape)
 		img := compile.Build(pol)
 		kernelBytes += img.KernelBytes()
 		if err := datapath.CheckCap(kernelBytes, fw.maxTableBytes); err != nil {
+			spare.Close()
+			if shape != nil {
+				shape.Close()
+			}
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 		}
 		// Hashing the image reads all its tables (hundreds of MB for lists
 		// of millions): it overlaps the kernel's loading of them.
 		hash := make(chan string, 1)
 		go func() { hash <- img.Hash() }()
-		objs, fresh, err := fw.load(hooksOf(hooks, polOf, i), img, keyOf)
+		objs, fresh, err := fw.load(shape, spare, img, keyOf)
 		if err != nil {
 			<-hash
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
@@ -270,14 +278,15 @@ func hooksOf(hooks []Hook, polOf map[string]int, i int) []Hook {
 	return out
 }
 
-// load makes img a new generation of the programs the hooks run, when
-// they all run the same ones, no other hook has them, and img fits their
-// shape: no program is loaded or verified. Otherwise it loads new ones
-// (fresh).
-func (fw *Firewall) load(hooks []Hook, img *compile.Image, key func() ([2]uint64, error)) (o *datapath.Objects, fresh bool, err error) {
-	if shape := fw.sharedShape(hooks); shape != nil {
-		defer shape.Close()
-		o, fits, err := datapath.LoadOver(shape, img)
+// load makes img a new generation of shape, the programs the hooks run
+// (sharedShape; nil for none), with what it can take of spare, when img
+// fits their shape: no program is loaded or verified. Otherwise it loads
+// new ones (fresh). It closes shape and spare.
+func (fw *Firewall) load(shape *datapath.Objects, spare *datapath.Spare, img *compile.Image, key func() ([2]uint64, error)) (o *datapath.Objects, fresh bool, err error) {
+	if shape != nil {
+		o, fits, err := datapath.LoadOver(shape, img, spare)
+		spare.Close()
+		shape.Close()
 		if err != nil || fits {
 			return o, false, err
 		}
