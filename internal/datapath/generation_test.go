@@ -116,7 +116,8 @@ func TestGenerationsShareAProgram(t *testing.T) {
 
 // TestSpareGeneration: maps made from a shape while a policy compiles
 // become the new generation's when the policy fits the shape, and judge as
-// its own would; when it does not, closing the spare frees every one.
+// its own would; when it does not, closing the spare frees every one. No
+// spare is made for another build's programs.
 func TestSpareGeneration(t *testing.T) {
 	a := load(t, datapath.KindXDP, genA)
 	spare := datapath.MakeSpare(a.objs)
@@ -159,6 +160,14 @@ func TestSpareGeneration(t *testing.T) {
 			m.Close()
 			t.Errorf("spare %s (map %d) outlives Close", name, id)
 		}
+	}
+	// No generation of this build fills another build's programs.
+	if err := datapath.AsAnotherBuild(a.objs); err != nil {
+		t.Fatal(err)
+	}
+	if s := datapath.MakeSpare(a.objs); s != nil {
+		s.Close()
+		t.Error("a spare for the programs of another build")
 	}
 }
 

@@ -90,7 +90,7 @@ func NewFloodKey() ([2]uint64, error) {
 // cookie to the new one. The program's shape fits img with room to grow:
 // LoadOver fills later policies into it without loading a program.
 func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
-	spec, err := filterSpec(img, true, 0)
+	spec, err := filterSpec(img, true, nil, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -125,18 +125,14 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // SYN cookies added or removed) or the programs are another build's. The
 // generation takes what it can of spare (nil: none), made from shape.
 func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fits bool, err error) {
-	var live abi.Live
-	if shape.shape.Live == nil || shape.shape.Live.Lookup(uint32(0), &live) != nil || live.Object != objectID() {
+	if !shape.ours() {
 		return nil, false, nil // another release's program: its code goes with it
 	}
 	if img.Syncookie != (shape.RampartTcCookie != nil) {
 		return nil, false, nil
 	}
-	spec, err := filterSpec(img, false, spare.bytes())
-	if err != nil {
-		return nil, false, err
-	}
 	need := genSizes(img)
+	caps := map[string]uint32{}
 	for _, g := range shape.generation() {
 		n, sized := need[g.name]
 		if !sized {
@@ -146,7 +142,11 @@ func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fit
 		if uint32(max(1, n)) > have || oversized(have, shapeCapacity(g.name, n, img), (*g.inner).ValueSize()) {
 			return nil, false, nil
 		}
-		spec.Maps[g.name].InnerMap.MaxEntries = have
+		caps[g.name] = have
+	}
+	spec, err := filterSpec(img, false, caps, spare)
+	if err != nil {
+		return nil, false, err
 	}
 	o = &Objects{}
 	if err := shape.shareShape(o); err != nil {
@@ -159,6 +159,12 @@ func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fit
 	return o, true, nil
 }
 
+// ours reports whether o's programs come from this build's object.
+func (o *Objects) ours() bool {
+	var live abi.Live
+	return o.shape.Live != nil && o.shape.Live.Lookup(uint32(0), &live) == nil && live.Object == objectID()
+}
+
 // objectID names the embedded filter object: a hash of its bytes, kept in
 // the live map of every program loaded from it.
 var objectID = sync.OnceValue(func() uint64 {
@@ -167,16 +173,14 @@ var objectID = sync.OnceValue(func() uint64 {
 })
 
 // filterSpec is a copy of the embedded filter's spec, once img is known to
-// fit the kernel's limits and memory (less ready, what spare maps for it
-// already hold): of its maps alone without programs, all a new generation
-// of loaded programs needs (copying the programs' instructions too took 3
-// ms). Its overlay tables are sized for img's (overlayCapacity).
-func filterSpec(img *compile.Image, programs bool, ready uint64) (*ebpf.CollectionSpec, error) {
+// fit the kernel's limits and memory (less what spare maps for it hold
+// already): of its maps alone without programs, all a new generation of
+// loaded programs needs (copying the programs' instructions too took 3
+// ms). Its overlay tables are sized for img's (overlayCapacity), the maps
+// in caps to their capacity there.
+func filterSpec(img *compile.Image, programs bool, caps map[string]uint32, spare *Spare) (*ebpf.CollectionSpec, error) {
 	if len(img.Rules) > abi.MaxRules {
 		return nil, fmt.Errorf("%d rules: at most %d", len(img.Rules), abi.MaxRules)
-	}
-	if err := CheckMemory(img.KernelBytes() - min(ready, img.KernelBytes())); err != nil {
-		return nil, err
 	}
 	spec, err := parsedFilter()
 	if err != nil {
@@ -194,6 +198,13 @@ func filterSpec(img *compile.Image, programs bool, ready uint64) (*ebpf.Collecti
 	}
 	spec.Maps[filterMapOverlayV4].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV4), most[0])
 	spec.Maps[filterMapOverlayV6].InnerMap.MaxEntries = overlayCapacity(len(img.OverlayV6), most[1])
+	for name, n := range caps {
+		spec.Maps[name].InnerMap.MaxEntries = n
+	}
+	need := img.KernelBytes()
+	if err := CheckMemory(need - min(need, spare.ready(spec))); err != nil {
+		return nil, err
+	}
 	return spec, nil
 }
 

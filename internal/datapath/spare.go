@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // Spare is a next generation's maps, made ahead at a loaded shape's
@@ -15,15 +16,20 @@ import (
 // CPU. LoadOver takes the maps whose capacity the policy keeps; Close
 // frees the rest.
 type Spare struct {
-	done chan struct{}
-	mu   sync.Mutex // a generation's maps are taken on goroutines
-	maps map[string]*ebpf.Map
+	done   chan struct{}
+	mu     sync.Mutex // a generation's maps are taken on goroutines
+	maps   map[string]*ebpf.Map
+	closed bool // maps made after Close are closed at once
 }
 
-// MakeSpare starts making a spare generation for shape's programs; nil
-// (no spare) when shape is nil.
+// MakeSpare starts making a spare generation for shape's programs. It
+// makes none (nil) for no shape, for programs of another build, which no
+// generation of this one's fills, and when the maps would take over a
+// quarter of the memory available: a policy that does not fit the shape
+// gets a program of its own, whose maps must not meet a spare's that the
+// kernel is still freeing.
 func MakeSpare(shape *Objects) *Spare {
-	if shape == nil {
+	if shape == nil || !shape.ours() {
 		return nil
 	}
 	spec, err := parsedFilter()
@@ -31,12 +37,17 @@ func MakeSpare(shape *Objects) *Spare {
 		return nil
 	}
 	specs := map[string]*ebpf.MapSpec{}
+	var bytes uint64
 	for _, g := range shape.generation() {
 		if *g.inner != nil {
 			m := spec.Maps[g.name].InnerMap.Copy()
 			m.MaxEntries = (*g.inner).MaxEntries()
 			specs[g.name] = m
+			bytes += mapBytes(*g.inner)
 		}
+	}
+	if avail, ok := memAvailable(); !ok || bytes > avail/4 {
+		return nil
 	}
 	s := &Spare{done: make(chan struct{}), maps: map[string]*ebpf.Map{}}
 	go func() {
@@ -46,16 +57,45 @@ func MakeSpare(shape *Objects) *Spare {
 			wg.Go(func() {
 				// A map that fails here is made again when needed, where
 				// its error is reported.
-				if m, err := ebpf.NewMap(ms); err == nil {
-					s.mu.Lock()
-					s.maps[name] = m
-					s.mu.Unlock()
+				m, err := ebpf.NewMap(ms)
+				if err != nil {
+					return
 				}
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				if s.closed {
+					m.Close()
+					return
+				}
+				s.maps[name] = m
 			})
 		}
 		wg.Wait()
 	}()
 	return s
+}
+
+// mapBytes is about the memory map m holds from its creation: its
+// elements, for every CPU if per-CPU; none for a hash map that allocates
+// them as they come.
+func mapBytes(m *ebpf.Map) uint64 {
+	if m.Flags()&unix.BPF_F_NO_PREALLOC != 0 {
+		return 0
+	}
+	n := uint64(m.MaxEntries()) * uint64(m.ValueSize())
+	if m.Type() == ebpf.PerCPUArray || m.Type() == ebpf.PerCPUHash {
+		cpus, err := ebpf.PossibleCPU()
+		if err == nil {
+			n *= uint64(cpus)
+		}
+	}
+	return n
+}
+
+// made is whether spare map m is what spec makes.
+func made(m *ebpf.Map, spec *ebpf.MapSpec) bool {
+	return m.Type() == spec.Type && m.KeySize() == spec.KeySize && m.ValueSize() == spec.ValueSize &&
+		m.MaxEntries() == spec.MaxEntries && m.Flags() == spec.Flags
 }
 
 // take hands over the spare map made for name if it is what spec makes,
@@ -68,17 +108,16 @@ func (s *Spare) take(name string, spec *ebpf.MapSpec) *ebpf.Map {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.maps[name]
-	if m == nil || m.Type() != spec.Type || m.KeySize() != spec.KeySize || m.ValueSize() != spec.ValueSize ||
-		m.MaxEntries() != spec.MaxEntries || m.Flags() != spec.Flags {
+	if m == nil || !made(m, spec) {
 		return nil
 	}
 	delete(s.maps, name)
 	return m
 }
 
-// bytes is about what the spare maps hold: memory already taken for the
-// generation, which CheckMemory must not count again.
-func (s *Spare) bytes() uint64 {
+// ready is the memory that the spare maps a generation of spec would take
+// hold already, which the memory check must not count again.
+func (s *Spare) ready(spec *ebpf.CollectionSpec) uint64 {
 	if s == nil {
 		return 0
 	}
@@ -86,20 +125,23 @@ func (s *Spare) bytes() uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var n uint64
-	for _, m := range s.maps {
-		n += uint64(m.MaxEntries()) * uint64(m.ValueSize())
+	for name, m := range s.maps {
+		if ms := spec.Maps[name]; ms != nil && made(m, ms.InnerMap) {
+			n += mapBytes(m)
+		}
 	}
 	return n
 }
 
-// Close frees the maps nobody took.
+// Close frees the maps nobody took, and those still being made as they
+// come, without waiting for them.
 func (s *Spare) Close() {
 	if s == nil {
 		return
 	}
-	<-s.done
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
 	for _, m := range s.maps {
 		m.Close()
 	}

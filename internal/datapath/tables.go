@@ -169,7 +169,9 @@ func putOverlay[K abi.LPMKeyV4 | abi.LPMKeyV6](m *ebpf.Map, entries []compile.Ov
 }
 
 // CheckCap refuses tables over maxBytes, an operator's cap on their kernel
-// memory (RAMPART_MAX_TABLE_BYTES; 0 is no cap), before any map is created.
+// memory (RAMPART_MAX_TABLE_BYTES; 0 is no cap), before any map is filled
+// (a spare generation may exist already: its maps are the running
+// policy's size, admitted before).
 func CheckCap(need, maxBytes uint64) error {
 	if maxBytes > 0 && need > maxBytes {
 		return fmt.Errorf("the prefix lists need about %d bytes of kernel memory, over RAMPART_MAX_TABLE_BYTES=%d: nothing was changed", need, maxBytes)
@@ -178,20 +180,26 @@ func CheckCap(need, maxBytes uint64) error {
 }
 
 // CheckMemory refuses tables that would not fit in the memory available,
-// before any map is created.
+// before any map is filled; need leaves out what spare maps hold already.
 func CheckMemory(need uint64) error {
+	if avail, ok := memAvailable(); ok && need > avail*9/10 {
+		return fmt.Errorf("the prefix lists need about %d MiB of kernel memory and only %d MiB are available: nothing was changed (shorten the lists or free memory)", need>>20, avail>>20)
+	}
+	return nil
+}
+
+// memAvailable is the kernel's estimate of the bytes available for new
+// allocations; ok false when /proc/meminfo does not say.
+func memAvailable() (uint64, bool) {
 	f, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
-		return nil
+		return 0, false
 	}
 	for _, line := range strings.Split(string(f), "\n") {
 		var kb uint64
 		if _, err := fmt.Sscanf(line, "MemAvailable: %d kB", &kb); err == nil {
-			if need > kb*1024*9/10 {
-				return fmt.Errorf("the prefix lists need about %d MiB of kernel memory and only %d MiB are available: nothing was changed (shorten the lists or free memory)", need>>20, kb>>10)
-			}
-			return nil
+			return kb * 1024, true
 		}
 	}
-	return nil
+	return 0, false
 }
