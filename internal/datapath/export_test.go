@@ -49,26 +49,29 @@ func AsAnotherBuild(o *Objects) error {
 	return o.shape.Live.Put(uint32(0), live)
 }
 
-// MapIDs are the IDs of a spare's maps (o nil) or of o's own generation's,
-// by name.
-func MapIDs(s *Spare, o *Objects) map[string]ebpf.MapID {
-	ids := map[string]ebpf.MapID{}
-	add := func(name string, m *ebpf.Map) {
-		if info, err := m.Info(); err == nil {
-			ids[name], _ = info.ID()
-		}
-	}
-	if o != nil {
-		for _, g := range o.generation() {
-			add(g.name, *g.inner)
-		}
-		return ids
-	}
+// SpareIDs are the IDs of s's maps by name, once they are made.
+func SpareIDs(s *Spare) map[string]ebpf.MapID {
 	<-s.done
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for name, m := range s.maps {
-		add(name, m)
+	return mapIDs(s.maps)
+}
+
+// GenerationIDs are the IDs of o's own maps by name.
+func GenerationIDs(o *Objects) map[string]ebpf.MapID {
+	maps := map[string]*ebpf.Map{}
+	for _, g := range o.generation() {
+		maps[g.name] = *g.inner
+	}
+	return mapIDs(maps)
+}
+
+func mapIDs(maps map[string]*ebpf.Map) map[string]ebpf.MapID {
+	ids := map[string]ebpf.MapID{}
+	for name, m := range maps {
+		if info, err := m.Info(); err == nil {
+			ids[name], _ = info.ID()
+		}
 	}
 	return ids
 }

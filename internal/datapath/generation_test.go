@@ -121,14 +121,14 @@ func TestGenerationsShareAProgram(t *testing.T) {
 func TestSpareGeneration(t *testing.T) {
 	a := load(t, datapath.KindXDP, genA)
 	spare := datapath.MakeSpare(a.objs)
-	made := datapath.MapIDs(spare, nil)
+	made := datapath.SpareIDs(spare)
 	b, fits, err := datapath.LoadOver(a.objs, image(t, genB), spare)
 	if err != nil || !fits {
 		t.Fatalf("LoadOver: fits %v, %v", fits, err)
 	}
 	defer b.Close()
 	spare.Close()
-	own := datapath.MapIDs(nil, b)
+	own := datapath.GenerationIDs(b)
 	if len(made) == 0 || len(made) != len(own) {
 		t.Fatalf("%d spare maps for a generation of %d", len(made), len(own))
 	}
@@ -150,7 +150,7 @@ func TestSpareGeneration(t *testing.T) {
 	}
 
 	spare = datapath.MakeSpare(a.objs)
-	made = datapath.MapIDs(spare, nil)
+	made = datapath.SpareIDs(spare)
 	if o, fits, err := datapath.LoadOver(a.objs, image(t, manyRules(100)), spare); fits || err != nil || o != nil {
 		t.Fatalf("100 rules fit a one-rule shape (%v)", err)
 	}

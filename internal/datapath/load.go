@@ -92,15 +92,13 @@ func NewFloodKey() ([2]uint64, error) {
 // cookie to the new one. The program's shape fits img with room to grow:
 // LoadOver fills later policies into it without loading a program.
 func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
-	spec, err := filterSpec(img, true, nil, nil)
+	caps := map[string]uint32{}
+	for name, n := range genSizes(img) {
+		caps[name] = shapeCapacity(name, n, img)
+	}
+	spec, err := filterSpec(img, true, caps, nil)
 	if err != nil {
 		return nil, err
-	}
-	need := genSizes(img)
-	for name, m := range spec.Maps {
-		if n, sized := need[name]; sized {
-			m.InnerMap.MaxEntries = shapeCapacity(name, n, img)
-		}
 	}
 	if err := spec.Variables["flood_key"].Set(key); err != nil {
 		return nil, fmt.Errorf("set the flood key: %w", err)
@@ -462,7 +460,11 @@ func (o *Objects) tables() TableMaps {
 }
 
 // Close releases the file descriptors; pinned objects stay in the kernel.
+// A nil o has none.
 func (o *Objects) Close() error {
+	if o == nil {
+		return nil
+	}
 	var errs []error
 	if o.shape.CookieScratch != nil { // the programs' own: never pinned
 		errs = append(errs, o.shape.CookieScratch.Close())

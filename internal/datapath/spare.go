@@ -92,14 +92,8 @@ func mapBytes(m *ebpf.Map) uint64 {
 	return n
 }
 
-// made is whether spare map m is what spec makes.
-func made(m *ebpf.Map, spec *ebpf.MapSpec) bool {
-	return m.Type() == spec.Type && m.KeySize() == spec.KeySize && m.ValueSize() == spec.ValueSize &&
-		m.MaxEntries() == spec.MaxEntries && m.Flags() == spec.Flags
-}
-
-// take hands over the spare map made for name if it is what spec makes,
-// nil otherwise.
+// take hands over the spare map made for name if spec could have made it
+// (type, sizes and flags), nil otherwise.
 func (s *Spare) take(name string, spec *ebpf.MapSpec) *ebpf.Map {
 	if s == nil {
 		return nil
@@ -108,7 +102,7 @@ func (s *Spare) take(name string, spec *ebpf.MapSpec) *ebpf.Map {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m := s.maps[name]
-	if m == nil || !made(m, spec) {
+	if m == nil || spec.Compatible(m) != nil {
 		return nil
 	}
 	delete(s.maps, name)
@@ -126,7 +120,7 @@ func (s *Spare) ready(spec *ebpf.CollectionSpec) uint64 {
 	defer s.mu.Unlock()
 	var n uint64
 	for name, m := range s.maps {
-		if ms := spec.Maps[name]; ms != nil && made(m, ms.InnerMap) {
+		if ms := spec.Maps[name]; ms != nil && ms.InnerMap.Compatible(m) == nil {
 			n += mapBytes(m)
 		}
 	}

@@ -211,9 +211,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		kernelBytes += img.KernelBytes()
 		if err := datapath.CheckCap(kernelBytes, fw.maxTableBytes); err != nil {
 			spare.Close()
-			if shape != nil {
-				shape.Close()
-			}
+			shape.Close()
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 		}
 		// Hashing the image reads all its tables (hundreds of MB for lists

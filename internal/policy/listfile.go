@@ -362,8 +362,6 @@ func RangePrefixes(lo, hi netip.Addr) []netip.Prefix {
 	return out
 }
 
-// parseV4 reads "a.b.c.d" or "a.b.c.d/n" with the same rules as netip (no
-// leading zeros) without allocating; anything else is left to netip.
 // hexDigit is each byte's value as a hex digit, notHex for the others: a
 // load instead of three range tests, whose branches a random address's
 // mix of digits and letters mispredicts.
@@ -466,6 +464,8 @@ func parseV6(s []byte) (addr U128, bits int, ok bool) {
 	return addr, bits, true
 }
 
+// parseV4 reads "a.b.c.d" or "a.b.c.d/n" with the same rules as netip (no
+// leading zeros) without allocating; anything else is left to netip.
 func parseV4(s []byte) (addr uint32, bits int, ok bool) {
 	bits = 32
 	i := 0
