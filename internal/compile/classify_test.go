@@ -296,7 +296,7 @@ func TestInlinePrefixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, masked := pol.Usage(); len(masked) != 2 {
+	if _, masked := pol.Usage(); masked.Lists() != 2 {
 		t.Fatalf("lists taking a bit: %v, want l0 and l1", masked)
 	}
 	img := Build(pol)

@@ -10,11 +10,14 @@ import (
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
-// Build compiles pol. Only lists that rules refer to are loaded: each an
-// entry tests by membership gets one bit of the membership mask, and each
+// Build compiles pol, which holds to the policy's limits (policy.Load and
+// flowspec.Place see to it). Only lists that rules refer to are loaded:
+// each an entry tests by membership gets a bit of the membership mask
+// (policy.ListUse: lists that the same rules name may share one), and each
 // inline prefix an entry checks by its bits (policy.SplitSide) an id.
 func Build(pol *policy.Policy) *Image {
-	b := builder{pol: pol, bits: map[string]uint64{}, ids: map[netip.Prefix]uint32{}}
+	bits, _ := pol.ListUse().Bits()
+	b := builder{pol: pol, bits: bits, ids: map[netip.Prefix]uint32{}}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules)), Rules: make([]abi.Rule, 0, len(pol.Rules))}
 	b.img = img
@@ -56,15 +59,6 @@ type builder struct {
 	ids      map[netip.Prefix]uint32 // from 1
 	prefixes []netip.Prefix          // by id - 1
 	src, dst []uint32                // by entry: its inline prefix's id, 0 for none
-}
-
-func (b *builder) bit(name string) uint64 {
-	bit, ok := b.bits[name]
-	if !ok {
-		bit = uint64(1) << len(b.bits)
-		b.bits[name] = bit
-	}
-	return bit
 }
 
 func (b *builder) prefixID(p netip.Prefix) uint32 {
@@ -169,7 +163,7 @@ func (b *builder) sides(refs []string, bits *policy.AddrBits, need *bool) []side
 	if len(masked) > 0 || bits != nil {
 		s := side{bits: bits}
 		for _, n := range masked {
-			s.lists |= b.bit(n)
+			s.lists |= b.bits[n]
 		}
 		out = append(out, s)
 	}
@@ -231,18 +225,51 @@ func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
 // inside one has ClassInPrefix set.
 func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) Tables {
 	var t Tables
-	c := newClasses(&t)
-	t.prefixParent = make([]uint32, len(prefixes)+1)
-	buildV4(&t, c, lists, bits, prefixes)
-	buildV6(&t, c, lists, bits, prefixes)
 	var ops []policy.ListOp
 	byName := map[string]uint64{}
 	for i, l := range lists {
 		ops = append(ops, l.Ops...)
 		byName[l.Name] = bits[i]
 	}
+	lists, bits = unite(lists, bits)
+	c := newClasses(&t)
+	t.prefixParent = make([]uint32, len(prefixes)+1)
+	buildV4(&t, c, lists, bits, prefixes)
+	buildV6(&t, c, lists, bits, prefixes)
 	t.OverlayV4, t.OverlayV6 = Overlay(byName, ops)
 	return t
+}
+
+// unite makes the lists that share a bit (policy.ListUse) one list each,
+// their union, so that the sweeps walk at most a list per bit, however
+// many lists a policy names.
+func unite(lists []*policy.List, bits []uint64) ([]*policy.List, []uint64) {
+	of := map[uint64][]*policy.List{}
+	var order []uint64
+	for i, l := range lists {
+		if of[bits[i]] == nil {
+			order = append(order, bits[i])
+		}
+		of[bits[i]] = append(of[bits[i]], l)
+	}
+	if len(order) == len(lists) {
+		return lists, bits
+	}
+	out := make([]*policy.List, len(order))
+	for i, bit := range order {
+		ls := of[bit]
+		if len(ls) == 1 {
+			out[i] = ls[0]
+			continue
+		}
+		u := &policy.List{Name: ls[0].Name}
+		for _, l := range ls {
+			u.V4, u.V6 = append(u.V4, l.V4...), append(u.V6, l.V6...)
+		}
+		u.V4, u.V6 = policy.MergeRanges4(u.V4), policy.MergeRanges6(u.V6)
+		out[i] = u
+	}
+	return out, order
 }
 
 func action(a policy.Action) uint8 {

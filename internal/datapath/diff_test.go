@@ -232,7 +232,16 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 	b.WriteString("lists:\n")
 	for i := 0; i < nLists; i++ {
 		var ps []string
-		for j := 0; j < 1+rng.IntN(40); j++ {
+		if listGroup > 1 {
+			// A narrow prefix each, so that every list of a group
+			// decides some frames.
+			p := randomPrefix(rng)
+			for p.Bits() < 24 || p.Addr().Is6() && p.Bits() < 120 {
+				p = randomPrefix(rng)
+			}
+			ps = append(ps, fmt.Sprintf("%q", p))
+		}
+		for j := 0; listGroup == 1 && j < 1+rng.IntN(40); j++ {
 			ps = append(ps, fmt.Sprintf("%q", randomPrefix(rng)))
 		}
 		fmt.Fprintf(&b, "  l%d: {prefixes: [%s]}\n", i, strings.Join(ps, ", "))
@@ -258,12 +267,28 @@ func randomPolicySized(rng *rand.Rand, n, nLists int, pool []netip.Prefix) strin
 		if rng.IntN(3) == 0 && proto != "icmp" && proto != "icmpv6" {
 			f = append(f, fmt.Sprintf("family: %d", []int{4, 6}[rng.IntN(2)]))
 		}
+		// A side's lists: one, or with listGroup set, a group of them
+		// (consecutive names), or half of one.
+		named := func() string {
+			if listGroup == 1 {
+				return fmt.Sprintf("l%d", rng.IntN(nLists))
+			}
+			first, n := rng.IntN(nLists/listGroup)*listGroup, listGroup
+			if rng.IntN(8) == 0 {
+				n /= 2
+			}
+			var ls []string
+			for i := first; i < first+n; i++ {
+				ls = append(ls, fmt.Sprintf("l%d", i))
+			}
+			return strings.Join(ls, ", ")
+		}
 		for _, side := range []string{"src", "dst"} {
 			switch rng.IntN(5) {
 			case 0:
-				f = append(f, fmt.Sprintf("%s: l%d", side, rng.IntN(nLists)))
+				f = append(f, fmt.Sprintf("%s: [%s]", side, named()))
 			case 1:
-				f = append(f, fmt.Sprintf("%s: [l%d, %q]", side, rng.IntN(nLists), prefix()))
+				f = append(f, fmt.Sprintf("%s: [%s, %q]", side, named(), prefix()))
 			case 2:
 				// Alone on its side: the entry checks its bits, and a
 				// policy may name any number.
@@ -343,11 +368,24 @@ func TestDifferentialLarge(t *testing.T) {
 	for len(pool) < 20 {
 		pool = append(pool, randomPrefix(rng))
 	}
-	for _, c := range []struct{ rules, spread int }{{50, 72}, {500, 72}, {3000, 3000}, {10_000, 10_000}} {
-		t.Run(strconv.Itoa(c.rules), func(t *testing.T) {
-			portSpread = c.spread
-			defer func() { portSpread = 72 }()
-			yaml := randomPolicySized(rng, c.rules, 40, pool)
+	for _, c := range []struct{ rules, spread, lists, group int }{{50, 72, 40, 1}, {500, 72, 40, 1}, {3000, 3000, 40, 1}, {10_000, 10_000, 40, 1}, {2000, 2000, 1200, 40}} {
+		name := strconv.Itoa(c.rules)
+		if c.group > 1 {
+			name += fmt.Sprintf("/%d-lists", c.lists)
+		}
+		t.Run(name, func(t *testing.T) {
+			portSpread, listGroup = c.spread, c.group
+			defer func() { portSpread, listGroup = 72, 1 }()
+			yaml := randomPolicySized(rng, c.rules, c.lists, pool)
+			if c.group > 1 {
+				pol, err := policy.Parse("test.yaml", []byte(yaml))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if bits, need := pol.ListUse().Bits(); len(bits) <= policy.MaxLists || need > policy.MaxLists {
+					t.Fatalf("%d lists named in %d ways: want more than %d lists, in at most as many ways", len(bits), need, policy.MaxLists)
+				}
+			}
 			l := load(t, datapath.KindXDP, yaml)
 			defer l.objs.Close()
 			_, deepest := diffBatch(t, rng, l, frames, fmt.Sprintf("(%d random rules)", c.rules))
@@ -361,6 +399,11 @@ func TestDifferentialLarge(t *testing.T) {
 
 // portSpread is the ports random frames and rules use.
 var portSpread = 72
+
+// listGroup is how many lists a rule's side names together (the lists
+// that take a bit between them past policy.MaxLists), but for half a group
+// now and then.
+var listGroup = 1
 
 func randomFrame(rng *rand.Rand) []byte {
 	if rng.IntN(50) == 0 { // pure noise

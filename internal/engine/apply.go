@@ -177,6 +177,11 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		}
 	}
 	folded := foldOps(ops, pols, req.Fold)
+	for _, pol := range pols {
+		if err := removalsFit(pol); err != nil {
+			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+		}
+	}
 	// Every hook's state is read before the first swap: a new generation
 	// of a program several hooks run is live on all of them once the
 	// first swaps, and the others' generations no longer look live.

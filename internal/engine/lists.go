@@ -170,6 +170,11 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)%s", c.List, fw.inNetns(), strings.Join(known, ", "), hint)
 	}
 	for _, u := range users {
+		if !c.Add {
+			if others := u.gen.sharing(c.List); len(others) > 0 {
+				return nil, removalShared(c.List, others)
+			}
+		}
 		for _, p := range c.Prefixes {
 			if f := u.info.Family; f == 4 && !p.Addr().Is4() || f == 6 && p.Addr().Is4() {
 				return nil, fmt.Errorf("list %q holds only IPv%d addresses: %s does not belong in it", c.List, f, p)
@@ -320,6 +325,56 @@ type listUser struct {
 	hook Hook
 	gen  *generation
 	info ListInfo
+}
+
+// sharing are the other lists whose bit of the membership mask is list's
+// (policy.ListUse), sorted.
+func (g *generation) sharing(list string) []string {
+	bits := make(map[string]uint64, len(g.Lists))
+	for name, info := range g.Lists {
+		bits[name] = info.Bit
+	}
+	return sharing(bits, list)
+}
+
+func sharing(bits map[string]uint64, list string) []string {
+	bit, ok := bits[list]
+	if !ok {
+		return nil
+	}
+	var out []string
+	for name, b := range bits {
+		if name != list && b == bit {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// removalsFit refuses pol when an in-place removal it carries over from
+// the live changes is from a list whose bit other lists share.
+func removalsFit(pol *policy.Policy) error {
+	bits, _ := pol.ListUse().Bits()
+	for name := range bits {
+		l := pol.Lists[name]
+		if l == nil || !slices.ContainsFunc(l.Ops, func(op policy.ListOp) bool { return !op.Add }) {
+			continue
+		}
+		if others := sharing(bits, name); len(others) > 0 {
+			return removalShared(name, others)
+		}
+	}
+	return nil
+}
+
+// removalShared refuses an in-place removal from a list whose bit other
+// lists share: clearing it would take the addresses out of them too.
+func removalShared(list string, others []string) error {
+	if len(others) > 3 {
+		others = append(others[:3:3], fmt.Sprintf("%d more", len(others)-3))
+	}
+	return fmt.Errorf("list %q shares its bit of the membership mask with %s (a policy naming more than %d lists gives one bit to the lists that the same rules name), so an address cannot be removed from it in place: take it out of the list's file and apply (rampart list revert undoes in-place changes)", list, strings.Join(others, ", "), policy.MaxLists)
 }
 
 // listUsers finds the hooks using a list, and every list in use.

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"math/rand/v2"
 	"net/netip"
@@ -184,5 +185,59 @@ func TestLegacyOpsFile(t *testing.T) {
 	}
 	if _, err := os.Stat(fw.legacyOpsPath()); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the JSON file is still there: %v", err)
+	}
+}
+
+// TestSharedListBits: past policy.MaxLists lists, lists that the same
+// rules name share a bit. A policy of a hundred lists in one rule applies,
+// takes in-place additions to any of them, and refuses removals, which
+// would take the address out of the others too: in place, and carried
+// over from the live changes into an apply that would share the list's
+// bit, which then changes nothing.
+func TestSharedListBits(t *testing.T) {
+	p, fw := firewallOnPair(t)
+	a, _ := netip.AddrFromSlice(p.A4.To4())
+	host := netip.PrefixFrom(a, 32)
+	var lists, names []string
+	for i := range 100 {
+		lists = append(lists, fmt.Sprintf("  c%d: {prefixes: [198.51.100.%d/32]}\n", i, i))
+		names = append(names, fmt.Sprintf("c%d", i))
+	}
+	shared := "lists:\n" + strings.Join(lists, "") + "rules:\n  - {name: d, src: [" + strings.Join(names, ", ") + "], action: drop}\n"
+	mustApply(t, fw, parse(t, t.TempDir(), "p.yaml", shared), p.IfB)
+	step := func(what string, want int) {
+		t.Helper()
+		if got := delivered(t, p, 9300, 50); got != want {
+			t.Errorf("%s: %d of 50 datagrams from A arrived, want %d", what, got, want)
+		}
+	}
+	step("A not listed", 50)
+	if _, err := fw.ChangeList(ListChange{List: "c57", Prefixes: []netip.Prefix{host}, Add: true}); err != nil {
+		t.Fatal(err)
+	}
+	step("A added to c57", 0)
+	_, err := fw.ChangeList(ListChange{List: "c57", Prefixes: []netip.Prefix{host}})
+	if err == nil || !strings.Contains(err.Error(), `list "c57" shares its bit`) || !strings.Contains(err.Error(), "c0, c1, c10") {
+		t.Errorf("a removal from a shared list: %v", err)
+	}
+	step("A's removal refused", 0)
+	if removed, err := fw.RevertList("c57", nil); err != nil || len(removed) != 1 {
+		t.Fatalf("revert: %+v, %v: want the addition", removed, err)
+	}
+	step("reverted", 50)
+
+	// c57 alone: a removal is a change like any other; then the policy
+	// that would share its bit is refused while the removal is live.
+	mustApply(t, fw, parse(t, t.TempDir(), "p.yaml", "lists:\n"+lists[57]+"rules:\n  - {name: d, src: c57, action: drop}\n"), p.IfB)
+	if _, err := fw.ChangeList(ListChange{List: "c57", Prefixes: []netip.Prefix{host}}); err != nil {
+		t.Fatal(err)
+	}
+	gen := hookStatus(t, fw)[0].Generation
+	_, err = fw.Apply(ApplyRequest{Policy: parse(t, t.TempDir(), "p.yaml", shared), Ifaces: []string{p.IfB}})
+	if err == nil || !strings.Contains(err.Error(), `list "c57" shares its bit`) {
+		t.Errorf("an apply sharing the bit of a list with a live removal: %v", err)
+	}
+	if g := hookStatus(t, fw)[0].Generation; g != gen {
+		t.Errorf("generation %d after the refused apply, was %d", g, gen)
 	}
 }

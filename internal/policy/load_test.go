@@ -134,8 +134,8 @@ func TestManyPrefixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, masked := pol.Usage(); len(pol.Lists) != 10_000 || len(masked) != 0 {
-		t.Fatalf("%d prefixes, %d taking a list bit; want 10,000 and none", len(pol.Lists), len(masked))
+	if _, masked := pol.Usage(); len(pol.Lists) != 10_000 || masked.Lists() != 0 {
+		t.Fatalf("%d prefixes, %d taking a list bit; want 10,000 and none", len(pol.Lists), masked.Lists())
 	}
 	b.Reset()
 	b.WriteString("lists:\n  l: {prefixes: [192.0.2.0/24]}\nrules:\n")
@@ -146,8 +146,8 @@ func TestManyPrefixes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if entries, masked := pol.Usage(); len(masked) != 1 || entries != 2000*3*2 {
-		t.Fatalf("2,000 rules of a list and two prefixes, two ports each: %d lists taking a bit, %d entries; want 1 and 12,000", len(masked), entries)
+	if entries, masked := pol.Usage(); masked.Lists() != 1 || entries != 2000*3*2 {
+		t.Fatalf("2,000 rules of a list and two prefixes, two ports each: %d lists taking a bit, %d entries; want 1 and 12,000", masked.Lists(), entries)
 	}
 	b.Reset()
 	b.WriteString("lists:\n")

@@ -392,26 +392,23 @@ const (
 )
 
 // Usage is what the policy takes of the data plane's limits: match
-// entries, and the lists that take a bit of the membership mask.
-func (pol *Policy) Usage() (entries int, lists map[string]bool) {
-	lists = map[string]bool{}
-	for _, r := range pol.Rules {
-		entries += r.Entries(pol.Lists)
-		for _, a := range r.Alternatives() {
-			for _, n := range MaskedLists(&a, pol.Lists) {
-				lists[n] = true
-			}
-		}
+// entries, and how its rules name the lists that take bits of the
+// membership mask.
+func (pol *Policy) Usage() (entries int, lists *ListUse) {
+	for i := range pol.Rules {
+		entries += pol.Rules[i].Entries(pol.Lists)
 	}
-	return entries, lists
+	return entries, pol.ListUse()
 }
 
-// MaskedLists are the lists rule alternative a names that take a bit of
-// the membership mask: all of them but its inline prefixes (SplitSide).
-func MaskedLists(a *Rule, lists map[string]*List) []string {
-	masked, _ := SplitSide(a.Src, a.SrcBits, lists)
-	dst, _ := SplitSide(a.Dst, a.DstBits, lists)
-	return append(masked, dst...)
+// ListUse is how pol's rules name the lists that take bits of the
+// membership mask.
+func (pol *Policy) ListUse() *ListUse {
+	u := NewListUse()
+	for i := range pol.Rules {
+		u.Add(&pol.Rules[i], pol.Lists)
+	}
+	return u
 }
 
 // SplitSide is a side of a rule alternative (its lists and address bits)

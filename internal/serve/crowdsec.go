@@ -177,7 +177,7 @@ func splitByOrigin(pol *policy.Policy, list string, byOrigin map[string][]netip.
 	}
 	slices.Sort(origins)
 	var rules []policy.Rule
-	entries, refs := 0, map[string]bool{}
+	entries, use := 0, policy.NewListUse()
 	for _, r := range pol.Rules {
 		uses := slices.Contains(r.Src, list) || slices.Contains(r.Dst, list)
 		copies := []string{""}
@@ -192,16 +192,12 @@ func splitByOrigin(pol *policy.Policy, list string, byOrigin map[string][]netip.
 				c.Dst = swap(r.Dst, list, list+"/"+o)
 				split.rules[c.Name] = o
 			}
-			for _, a := range c.Alternatives() {
-				for _, l := range policy.MaskedLists(&a, pol.Lists) {
-					refs[l] = true
-				}
-			}
+			use.Add(&c, pol.Lists)
 			entries += c.Entries(pol.Lists)
 			rules = append(rules, c)
 		}
 	}
-	if entries > policy.MaxRules || len(refs) > policy.MaxLists {
+	if entries > policy.MaxRules || use.Need() > policy.MaxLists {
 		return originSplit{}, false
 	}
 	for _, o := range origins {

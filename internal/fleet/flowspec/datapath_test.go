@@ -151,8 +151,8 @@ func TestDataPlaneAgreesWithRFC(t *testing.T) {
 	defer objs.Close()
 	prog := objs.Program(datapath.KindXDP)
 	t.Logf("%d routes became %d rules over %d distinct prefixes; %d routes too complex to install", len(installed), len(pol.Rules), len(pol.Lists), complex)
-	if _, masked := pol.Usage(); len(pol.Lists) < 10*policy.MaxLists || len(masked) != 0 {
-		t.Errorf("%d prefixes, %d taking a bit of the membership mask: want many, none", len(pol.Lists), len(masked))
+	if _, masked := pol.Usage(); len(pol.Lists) < 10*policy.MaxLists || masked.Lists() != 0 {
+		t.Errorf("%d prefixes, %d taking a bit of the membership mask: want many, none", len(pol.Lists), masked.Lists())
 	}
 	if complex > nRoutes/10 {
 		t.Errorf("%d of %d routes too complex", complex, nRoutes)

@@ -291,7 +291,7 @@ func (t *Table) Entries() []*Entry {
 // not matter.
 func Place(pol *policy.Policy, entries []*Entry) {
 	at := pol.FlowSpecAt()
-	used, refs := pol.Usage()
+	used, lists := pol.Usage()
 	var rules []policy.Rule
 	seen := map[string]bool{}
 	for _, e := range entries {
@@ -319,28 +319,23 @@ func Place(pol *policy.Policy, entries []*Entry) {
 				fresh = append(fresh, name)
 			}
 		}
-		n, newRefs := 0, map[string]bool{}
-		for _, r := range rs {
-			n += r.Entries(pol.Lists)
-			for _, a := range r.Alternatives() {
-				for _, l := range policy.MaskedLists(&a, pol.Lists) {
-					if !refs[l] {
-						newRefs[l] = true
-					}
-				}
-			}
+		n := 0
+		var undo []func()
+		for i := range rs {
+			n += rs[i].Entries(pol.Lists)
+			undo = append(undo, lists.Add(&rs[i], pol.Lists))
 		}
-		if used+n > policy.MaxRules || len(refs)+len(newRefs) > policy.MaxLists {
+		if used+n > policy.MaxRules || lists.Need() > policy.MaxLists {
 			e.State, e.Reason = StateNoRoom, "the policy's limits of rules and lists are reached"
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
 			for _, name := range fresh {
 				delete(pol.Lists, name)
 			}
 			continue
 		}
 		used += n
-		for l := range newRefs {
-			refs[l] = true
-		}
 		e.State = StateInstalled
 		for _, r := range rs {
 			e.Rules = append(e.Rules, r.Name)

@@ -1,0 +1,81 @@
+package policy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestListBits: up to MaxLists lists take a bit each, in the order rules
+// name them; past that, lists that exactly the same sides name share one,
+// a list named twice on a side still counts, and Add's undo puts back
+// what was.
+func TestListBits(t *testing.T) {
+	pol := func(rules ...string) *Policy {
+		var b strings.Builder
+		b.WriteString("lists:\n")
+		for i := range 1000 {
+			fmt.Fprintf(&b, "  c%d: {prefixes: [10.%d.%d.0/24]}\n", i, i/256, i%256)
+		}
+		b.WriteString("rules:\n")
+		for i, r := range rules {
+			fmt.Fprintf(&b, "  - {name: r%d, %s, action: drop}\n", i, r)
+		}
+		p, err := Parse("p.yaml", []byte(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	names := func(lo, hi int) string {
+		var ns []string
+		for i := lo; i < hi; i++ {
+			ns = append(ns, fmt.Sprintf("c%d", i))
+		}
+		return "[" + strings.Join(ns, ", ") + "]"
+	}
+
+	bits, need := pol("src: [c2, c1]", "dst: [c1, c3]").ListUse().Bits()
+	if need != 3 || bits["c2"] != 1 || bits["c1"] != 2 || bits["c3"] != 4 {
+		t.Errorf("three lists: %v, %d bits; want a bit each in the order named", bits, need)
+	}
+
+	// A thousand lists: c0-c499 on one side (c7 twice), c500-c999 on two,
+	// c999 on one more: three bits.
+	p := pol("src: "+strings.Replace(names(0, 500), "c7,", "c7, c7,", 1), "dst: "+names(500, 1000), "src: "+names(500, 1000)+", proto: udp", "dst: c999, proto: tcp")
+	u := p.ListUse()
+	bits, need = u.Bits()
+	if need != 3 || u.Need() != 3 || u.Lists() != 1000 {
+		t.Fatalf("%d lists in %d ways (Need %d); want 1,000 in 3", u.Lists(), need, u.Need())
+	}
+	for i := range 1000 {
+		want := uint64(1)
+		if i >= 500 {
+			want = 2
+		}
+		if i == 999 {
+			want = 4
+		}
+		if got := bits[fmt.Sprintf("c%d", i)]; got != want {
+			t.Errorf("c%d: bit %#x, want %#x", i, got, want)
+		}
+	}
+
+	// Sixty-four ways are one too many; the undo of the rule that made
+	// them gives back the sixty-three.
+	var rules []string
+	for i := range MaxLists {
+		rules = append(rules, "src: "+names(10*i, 10*i+10))
+	}
+	p = pol(rules...)
+	u = p.ListUse()
+	last := Rule{Src: []string{"c999"}}
+	undo := u.Add(&last, p.Lists)
+	if _, need := u.Bits(); need != MaxLists+1 || u.Need() != MaxLists+1 {
+		t.Errorf("%d ways: Bits says %d, Need %d", MaxLists+1, need, u.Need())
+	}
+	undo()
+	if bits, need := u.Bits(); need != MaxLists || u.Lists() != 10*MaxLists || bits["c999"] != 0 || bits["c0"] != 1 {
+		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), need)
+	}
+}
