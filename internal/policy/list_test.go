@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -233,7 +234,9 @@ func TestRangePrefixes(t *testing.T) {
 
 // fuzzList reads data as a list file and checks what any reader of any
 // format must hold: no panic, and when it reads, every entry it accepted is
-// in the list and the IPv4 ranges are sorted and disjoint.
+// in the list, the IPv4 ranges are sorted and disjoint, and the list is
+// exactly its lines read one by one (parseLine, the general path the
+// file's fast path for plain lines stands in for).
 func fuzzList(t *testing.T, data []byte) {
 	p := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(p, data, 0o644); err != nil {
@@ -257,6 +260,13 @@ func fuzzList(t *testing.T, data []byte) {
 			if l.V6[i].Lo.Cmp(l.V6[i-1].Hi.Add1()) <= 0 {
 				t.Fatalf("IPv6 ranges out of order or not merged: %v", l.V6)
 			}
+		}
+		var all listBuilder
+		for _, line := range strings.Split(string(bytes.TrimPrefix(data, utf8BOM)), "\n") {
+			all.parseLine([]byte(line), 0)
+		}
+		if want := all.build("", 0); !slices.Equal(l.V4, want.V4) || !slices.Equal(l.V6, want.V6) {
+			t.Fatalf("the file read %v %v, its lines one by one %v %v", l.V4, l.V6, want.V4, want.V6)
 		}
 		for _, line := range strings.Split(string(data), "\n") {
 			var one listBuilder

@@ -227,10 +227,13 @@ func parseSection(sr *io.SectionReader, first bool, family int, opt Options, pro
 		}
 		if len(text) > 0 {
 			res.lines = line
-			if bytes.IndexByte(text, 0) >= 0 {
-				res.err = &Error{Line: line, Msg: "binary data (a NUL byte): this is not a text list file"}
-				return res
-			}
+		}
+		switch {
+		case len(text) == 0 || res.b.plainLine(text, family):
+		case bytes.IndexByte(text, 0) >= 0:
+			res.err = &Error{Line: line, Msg: "binary data (a NUL byte): this is not a text list file"}
+			return res
+		default:
 			if perr := res.b.parseLine(text, family); perr != nil {
 				if !opt.Lenient {
 					res.err = &Error{Line: line, Msg: perr.Error() + " (--lenient skips bad lines)"}
@@ -276,29 +279,47 @@ func (b *listBuilder) parseLine(line []byte, family int) error {
 	return b.parseEntry(line, family)
 }
 
+// plainLine adds a line that is an address or a prefix alone, the lines
+// of most published lists, in one pass and without allocating: parseLine's
+// passes for comments, spaces and ranges took about as long as reading the
+// address. It leaves any other line, and an entry of the family the list
+// refuses, to parseLine.
+func (b *listBuilder) plainLine(line []byte, family int) bool {
+	line = bytes.TrimSuffix(bytes.TrimSuffix(line, []byte("\n")), []byte("\r"))
+	if family != 6 {
+		if a, bits, ok := parseV4(line); ok {
+			b.addV4(a, bits)
+			return true
+		}
+	}
+	if family != 4 {
+		if a, bits, ok := parseV6(line); ok {
+			b.addV6(a, bits)
+			return true
+		}
+	}
+	return false
+}
+
+func (b *listBuilder) addV4(a uint32, bits int) {
+	b.entries++
+	mask := uint32(uint64(1)<<(32-bits) - 1)
+	b.v4 = append(b.v4, Range4{a &^ mask, a | mask})
+}
+
+func (b *listBuilder) addV6(a U128, bits int) {
+	b.entries++
+	host := LowMask(128 - bits)
+	b.v6 = append(b.v6, Range6{U128{a.Hi &^ host.Hi, a.Lo &^ host.Lo}, a.Or(host)})
+}
+
 // parseEntry adds one address, prefix or range.
 func (b *listBuilder) parseEntry(s []byte, family int) error {
-	if lo, hi, ok := bytes.Cut(s, []byte("-")); ok {
-		return b.parseRange(bytes.TrimSpace(lo), bytes.TrimSpace(hi), family)
-	}
-	// Fast path for the common IPv4 case: no allocation.
-	if a, bits, ok := parseV4(s); ok {
-		if family == 6 {
-			return fmt.Errorf("IPv4 entry %q in an IPv6-only list", s)
-		}
-		b.entries++
-		mask := uint32(uint64(1)<<(32-bits) - 1)
-		b.v4 = append(b.v4, Range4{a &^ mask, a | mask})
+	if b.plainLine(s, family) {
 		return nil
 	}
-	// The same for plain IPv6 (hex groups, one "::", a length).
-	if family != 4 {
-		if a, bits, ok := parseV6(s); ok {
-			b.entries++
-			host := LowMask(128 - bits)
-			b.v6 = append(b.v6, Range6{U128{a.Hi &^ host.Hi, a.Lo &^ host.Lo}, a.Or(host)})
-			return nil
-		}
+	if lo, hi, ok := bytes.Cut(s, []byte("-")); ok {
+		return b.parseRange(bytes.TrimSpace(lo), bytes.TrimSpace(hi), family)
 	}
 	p, err := ParsePrefix(string(s))
 	if err != nil {

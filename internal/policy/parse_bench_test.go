@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -41,5 +43,34 @@ func BenchmarkParseV6Lines(b *testing.B) {
 				b.Fatalf("%s refused", l)
 			}
 		}
+	}
+}
+
+// BenchmarkReadListFile reads list files of a million random addresses,
+// one a line, as bench apply writes them: the file's lines, before any
+// sort or merge.
+func BenchmarkReadListFile(b *testing.B) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for _, family := range []int{4, 6} {
+		var text strings.Builder
+		for range 1_000_000 {
+			if family == 4 {
+				fmt.Fprintln(&text, netip.AddrFrom4([4]byte{byte(rng.UintN(224)), byte(rng.UintN(256)), byte(rng.UintN(256)), byte(rng.UintN(256))}))
+			} else {
+				fmt.Fprintln(&text, U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}.Addr())
+			}
+		}
+		path := filepath.Join(b.TempDir(), "list")
+		if err := os.WriteFile(path, []byte(text.String()), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("IPv%d", family), func(b *testing.B) {
+			for b.Loop() {
+				var l listBuilder
+				if err := l.readFile(path, 0, Options{}); err != nil || l.entries != 1_000_000 {
+					b.Fatalf("%d entries, %v", l.entries, err)
+				}
+			}
+		})
 	}
 }
