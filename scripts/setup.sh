@@ -5,7 +5,7 @@ cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  clang-19 llvm-19 libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make \
+  clang-19 llvm-19 gcc libc6-dev libbpf-dev linux-libc-dev iproute2 bpftool ca-certificates git make \
   iptables nftables ipset xdp-tools util-linux ethtool procps iperf3 iputils-ping curl \
   nginx-light libnginx-mod-stream haproxy prometheus bird2 gobgpd >/dev/null
 # CrowdSec's post-install registers with its online Central API unless this
