@@ -41,20 +41,19 @@ check-generated: generate
 # which measure rates: the cli package's tests run one after another, so
 # that these lengthened the longest package of the first step.
 APART := ^(TestCrowdSecBouncer|TestCrowdSecBadAnswers|TestFlowSpec|TestFlowSpecBird|TestFlowSpecMalformed|TestFlowSpecScale|TestFlowSpecInterfaces)$$
-# The datapath's tests of concurrent loading and flipping, which the race
-# detector also runs.
+# The datapath's tests of concurrent loading and flipping, which run again
+# under the race detector with the packages whose code runs in pieces or
+# goroutines (lists read and compiled in pieces, the spare generation, the
+# daemon's handlers).
 RACED := ^(TestGenerationsShareAProgram|TestSpareGeneration|TestFlipUnderFrames|TestOverlayGrows)$$
 
 # The whole suite: formatting, tidy modules and vet, generated objects up to date, then every
-# test tier; the delay line's transfers last, alone on the CPUs; then the kernel tier, the same
+# test tier; the concurrent code again under -race; the delay line's transfers last, alone on the CPUs; then the kernel tier, the same
 # tests in guests of Linux 6.1 and 6.12 under qemu (scripts/kernels.sh), with the tests APART
 # beside it. Privileged tiers need root; with RAMPART_REQUIRE_PRIVILEGED=1 they fail instead of
 # skipping.
 test: lint check-generated
 	$(GO) test -count=1 -timeout 30m -skip '$(APART)' ./...
-	# The concurrent paths once more under the race detector: lists read
-	# and compiled in pieces, the spare generation and the flip's waits,
-	# the daemon's handlers.
 	$(GO) test -race -count=1 ./internal/policy ./internal/compile ./internal/engine ./internal/serve
 	$(GO) test -race -count=1 -run '$(RACED)' ./internal/datapath
 	RAMPART_DELAY_LINE=1 $(GO) test -count=1 -run 'TestDelayLine$$' -v ./internal/tune

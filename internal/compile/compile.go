@@ -16,7 +16,7 @@ import (
 // (policy.ListUse: lists that the same rules name may share one), and each
 // inline prefix an entry checks by its bits (policy.SplitSide) an id.
 func Build(pol *policy.Policy) *Image {
-	bits, _ := pol.ListUse().Bits()
+	bits := pol.ListUse().Bits()
 	b := builder{pol: pol, bits: bits, ids: map[netip.Prefix]uint32{}}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules)), Rules: make([]abi.Rule, 0, len(pol.Rules))}
@@ -220,7 +220,8 @@ func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
 }
 
 // BuildTables builds the prefix-list tables for lists, lists[i] answering
-// to bit bits[i], with the lists' in-place ops as the overlay; and for the
+// to bit bits[i] (lists sharing a bit answer as their union), with the
+// lists' in-place ops as the overlay; and for the
 // inline prefixes (id i+1 for prefixes[i]), which take no bit: a class
 // inside one has ClassInPrefix set.
 func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) Tables {

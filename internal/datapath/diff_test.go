@@ -382,8 +382,8 @@ func TestDifferentialLarge(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if bits, need := pol.ListUse().Bits(); len(bits) <= policy.MaxLists || need > policy.MaxLists {
-					t.Fatalf("%d lists named in %d ways: want more than %d lists, in at most as many ways", len(bits), need, policy.MaxLists)
+				if use := pol.ListUse(); use.Lists() <= policy.MaxLists || use.Need() > policy.MaxLists {
+					t.Fatalf("%d lists named in %d ways: want more than %d lists, in at most as many ways", use.Lists(), use.Need(), policy.MaxLists)
 				}
 			}
 			l := load(t, datapath.KindXDP, yaml)

@@ -169,12 +169,12 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		}
 		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)%s", c.List, fw.inNetns(), strings.Join(known, ", "), hint)
 	}
-	for _, u := range users {
-		if !c.Add {
-			if others := u.gen.sharing(c.List); len(others) > 0 {
-				return nil, removalShared(c.List, others)
-			}
+	if !c.Add {
+		if others, err := fw.sharingBit(c.List); err != nil || len(others) > 0 {
+			return nil, errors.Join(err, removalShared(c.List, others))
 		}
+	}
+	for _, u := range users {
 		for _, p := range c.Prefixes {
 			if f := u.info.Family; f == 4 && !p.Addr().Is4() || f == 6 && p.Addr().Is4() {
 				return nil, fmt.Errorf("list %q holds only IPv%d addresses: %s does not belong in it", c.List, f, p)
@@ -225,8 +225,10 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 
 // RestoreChanges puts back live changes kept elsewhere (the daemon keeps
 // them across reboots, when /run is empty): the unexpired ones of lists
-// an applied policy uses that the namespace does not hold already. The
-// caller expires them (ServeExpiry). It returns how many it restored.
+// an applied policy uses that the namespace does not hold already, but
+// removals from a list whose bit others share now, which it reports in
+// its error. The caller expires them (ServeExpiry). It returns how many
+// it restored.
 func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 	unlock, err := fw.lockVisible()
 	if err != nil {
@@ -251,6 +253,8 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 		held[keyOf(o)] = true
 	}
 	used := map[string]bool{}
+	shared := map[string][]string{} // by list, the lists sharing its bit
+	var refused []policy.ListOp     // removals from such lists
 	touched, n := map[string]bool{}, 0
 	seq, err := fw.nextSeqOf(ops)
 	if err != nil {
@@ -266,6 +270,19 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 		if !inUse || held[keyOf(op)] {
 			continue
 		}
+		if !op.Add {
+			others, checked := shared[op.List]
+			if !checked {
+				if others, err = fw.sharingBit(op.List); err != nil {
+					return 0, err
+				}
+				shared[op.List] = others
+			}
+			if len(others) > 0 {
+				refused = append(refused, op)
+				continue
+			}
+		}
 		held[keyOf(op)] = true
 		op.Seq, seq = seq, seq+1 // a new change here: nothing folded it
 		ops = append(ops, op)
@@ -277,10 +294,14 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 			return 0, err
 		}
 	}
-	if n == 0 {
-		return 0, nil
+	var notRestored error
+	if len(refused) > 0 {
+		notRestored = fmt.Errorf("%d removals not restored, the first %s from %s: %w", len(refused), refused[0].Prefix, refused[0].List, removalShared(refused[0].List, shared[refused[0].List]))
 	}
-	return n, fw.saveOps(ops)
+	if n == 0 {
+		return 0, notRestored
+	}
+	return n, errors.Join(fw.saveOps(ops), notRestored)
 }
 
 // Changes lists the live changes of the namespace, oldest first.
@@ -327,14 +348,31 @@ type listUser struct {
 	info ListInfo
 }
 
-// sharing are the other lists whose bit of the membership mask is list's
-// (policy.ListUse), sorted.
-func (g *generation) sharing(list string) []string {
-	bits := make(map[string]uint64, len(g.Lists))
-	for name, info := range g.Lists {
-		bits[name] = info.Bit
-	}
-	return sharing(bits, list)
+// sharingBit are the other lists whose bit of the membership mask is
+// list's (policy.ListUse) in a generation a hook runs or may go back to
+// (an unconfirmed apply's previous one, whose overlay the rollback makes
+// from the live changes), sorted.
+func (fw *Firewall) sharingBit(list string) ([]string, error) {
+	var others []string
+	err := fw.eachHook(func(h Hook, st *hookState) error {
+		gens := []int{fw.newest(h, st)}
+		if st.pending != nil && st.pending.Previous != 0 {
+			gens = append(gens, st.pending.Previous)
+		}
+		for _, n := range gens {
+			g, err := fw.readGen(h, n)
+			if err != nil || g == nil || len(others) > 0 {
+				continue
+			}
+			bits := make(map[string]uint64, len(g.Lists))
+			for name, info := range g.Lists {
+				bits[name] = info.Bit
+			}
+			others = sharing(bits, list)
+		}
+		return nil
+	})
+	return others, err
 }
 
 func sharing(bits map[string]uint64, list string) []string {
@@ -355,7 +393,7 @@ func sharing(bits map[string]uint64, list string) []string {
 // removalsFit refuses pol when an in-place removal it carries over from
 // the live changes is from a list whose bit other lists share.
 func removalsFit(pol *policy.Policy) error {
-	bits, _ := pol.ListUse().Bits()
+	bits := pol.ListUse().Bits()
 	for name := range bits {
 		l := pol.Lists[name]
 		if l == nil || !slices.ContainsFunc(l.Ops, func(op policy.ListOp) bool { return !op.Add }) {
@@ -374,7 +412,7 @@ func removalShared(list string, others []string) error {
 	if len(others) > 3 {
 		others = append(others[:3:3], fmt.Sprintf("%d more", len(others)-3))
 	}
-	return fmt.Errorf("list %q shares its bit of the membership mask with %s (a policy naming more than %d lists gives one bit to the lists that the same rules name), so an address cannot be removed from it in place: take it out of the list's file and apply (rampart list revert undoes in-place changes)", list, strings.Join(others, ", "), policy.MaxLists)
+	return fmt.Errorf("list %q shares its bit of the membership mask with %s (a policy naming more than %d lists gives one bit to the lists that the same rules name), so an address cannot be removed from it in place: take it out of the list's file and apply (rampart list revert, or POST /v1/revert, undoes in-place changes)", list, strings.Join(others, ", "), policy.MaxLists)
 }
 
 // listUsers finds the hooks using a list, and every list in use.

@@ -191,9 +191,10 @@ func TestLegacyOpsFile(t *testing.T) {
 // TestSharedListBits: past policy.MaxLists lists, lists that the same
 // rules name share a bit. A policy of a hundred lists in one rule applies,
 // takes in-place additions to any of them, and refuses removals, which
-// would take the address out of the others too: in place, and carried
-// over from the live changes into an apply that would share the list's
-// bit, which then changes nothing.
+// would take the address out of the others too: in place, while an
+// unconfirmed apply could go back to such a policy, restored from what
+// the daemon kept, and carried over from the live changes into an apply
+// that would share the list's bit, which then changes nothing.
 func TestSharedListBits(t *testing.T) {
 	p, fw := firewallOnPair(t)
 	a, _ := netip.AddrFromSlice(p.A4.To4())
@@ -226,9 +227,30 @@ func TestSharedListBits(t *testing.T) {
 	}
 	step("reverted", 50)
 
-	// c57 alone: a removal is a change like any other; then the policy
+	// Saved changes restored: the addition, not the removal.
+	saved := []policy.ListOp{{List: "c57", Prefix: host, Add: true}, {List: "c9", Prefix: netip.MustParsePrefix("198.51.100.9/32")}}
+	if n, err := fw.RestoreChanges(saved); n != 1 || err == nil || !strings.Contains(err.Error(), "1 removals not restored") {
+		t.Errorf("restore: %d, %v: want the addition restored, the removal refused", n, err)
+	}
+	step("a restored addition", 0)
+	if _, err := fw.RevertList("", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// c57 alone: a removal is refused while the apply that made it so is
+	// unconfirmed (a rollback would make the shared bit's overlay from
+	// it), and is a change like any other once confirmed; then the policy
 	// that would share its bit is refused while the removal is live.
-	mustApply(t, fw, parse(t, t.TempDir(), "p.yaml", "lists:\n"+lists[57]+"rules:\n  - {name: d, src: c57, action: drop}\n"), p.IfB)
+	alone := parse(t, t.TempDir(), "p.yaml", "lists:\n"+lists[57]+"rules:\n  - {name: d, src: c57, action: drop}\n")
+	if _, err := fw.Apply(ApplyRequest{Policy: alone, Ifaces: []string{p.IfB}, Confirm: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fw.ChangeList(ListChange{List: "c57", Prefixes: []netip.Prefix{host}}); err == nil || !strings.Contains(err.Error(), "shares its bit") {
+		t.Errorf("a removal while a rollback would share the bit: %v", err)
+	}
+	if _, err := fw.Confirm(); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := fw.ChangeList(ListChange{List: "c57", Prefixes: []netip.Prefix{host}}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,10 @@
 package policy
 
-import "slices"
+import (
+	crand "crypto/rand"
+	"math/rand/v2"
+	"slices"
+)
 
 // ListUse is how a policy's rules name the lists that entries check by
 // membership (SplitSide's masked lists), each of which needs a bit of the
@@ -13,22 +17,30 @@ import "slices"
 // lists takes one bit). A shared bit takes in-place additions, which set
 // it, but no removals, which would clear it for the other lists too.
 //
-// A side is told by a 128-bit pseudo-random key, and a list's signature
-// is the XOR of the keys of the sides naming it, as the classifier's eqs
-// are: two different sets of sides share one with a chance of about
-// 2⁻¹²⁸.
+// A side is told by a random 128-bit key, and a list's signature is the
+// XOR of the keys of the sides naming it, as the classifier's eqs are:
+// kept as a sum, a signature changes in O(1) when a rule is added or
+// undone. The keys are drawn from the system's random source for every
+// ListUse, so that no policy can be written whose different sets of sides
+// collide; two do with a chance of about 2⁻¹²⁸.
 type ListUse struct {
 	order []string             // the lists, as rules first name them
 	sig   map[string][2]uint64 // list -> XOR of its sides' keys
-	sides uint64               // sides counted
+	ways  map[[2]uint64]int    // signature -> lists that have it
+	keys  [][2]uint64          // by side, in the order sides were counted
+	rng   *rand.ChaCha8
 }
 
-func NewListUse() *ListUse { return &ListUse{sig: map[string][2]uint64{}} }
+func NewListUse() *ListUse {
+	var seed [32]byte
+	crand.Read(seed[:]) // never fails (crypto/rand)
+	return &ListUse{sig: map[string][2]uint64{}, ways: map[[2]uint64]int{}, rng: rand.NewChaCha8(seed)}
+}
 
 // Add counts rule r's sides, and returns what undoes that: undos go in
 // the reverse order of their Adds.
 func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
-	order, sides := len(u.order), u.sides
+	order, sides := len(u.order), len(u.keys)
 	type named struct {
 		list string
 		key  [2]uint64
@@ -41,14 +53,15 @@ func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
 			if len(side) == 0 {
 				continue
 			}
-			key := sideKey(u.sides)
-			u.sides++
+			key := [2]uint64{u.rng.Uint64(), u.rng.Uint64()}
+			u.keys = append(u.keys, key)
 			for i, name := range side {
 				if slices.Contains(side[:i], name) { // named twice: once
 					continue
 				}
 				if _, ok := u.sig[name]; !ok {
 					u.order = append(u.order, name)
+					u.ways[[2]uint64{}]++
 				}
 				u.xor(name, key)
 				done = append(done, named{name, key})
@@ -56,42 +69,54 @@ func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
 		}
 	}
 	return func() {
-		for _, d := range done {
+		for _, d := range slices.Backward(done) {
 			u.xor(d.list, d.key)
 		}
 		for _, name := range u.order[order:] {
+			u.forget(u.sig[name])
 			delete(u.sig, name)
 		}
-		u.order, u.sides = u.order[:order], sides
+		u.order, u.keys = u.order[:order], u.keys[:sides]
 	}
 }
 
+// xor moves list to the signature with key's side toggled.
 func (u *ListUse) xor(list string, key [2]uint64) {
 	s := u.sig[list]
-	u.sig[list] = [2]uint64{s[0] ^ key[0], s[1] ^ key[1]}
+	u.forget(s)
+	s = [2]uint64{s[0] ^ key[0], s[1] ^ key[1]}
+	u.sig[list] = s
+	u.ways[s]++
 }
 
-// sideKey is side n's key (splitmix64 of 2n+1 and 2n+2).
-func sideKey(n uint64) [2]uint64 {
-	var k [2]uint64
-	for i := range k {
-		z := (2*n + uint64(i) + 1) * 0x9e3779b97f4a7c15
-		z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
-		z = (z ^ z>>27) * 0x94d049bb133111eb
-		k[i] = z ^ z>>31
+func (u *ListUse) forget(sig [2]uint64) {
+	if u.ways[sig]--; u.ways[sig] == 0 {
+		delete(u.ways, sig)
 	}
-	return k
 }
 
-// Bits are the lists' bits, and how many bits they need: past MaxLists,
-// the lists beyond take none (0), and the caller refuses the policy.
-func (u *ListUse) Bits() (bits map[string]uint64, need int) {
-	bits = make(map[string]uint64, len(u.order))
+// Need is how many bits the lists need: one a list up to MaxLists, else
+// one a signature.
+func (u *ListUse) Need() int {
+	if len(u.order) <= MaxLists {
+		return len(u.order)
+	}
+	return len(u.ways)
+}
+
+// Lists is how many lists the rules name.
+func (u *ListUse) Lists() int { return len(u.order) }
+
+// Bits are the lists' bits, in the order rules first name them (of lists,
+// or of signatures past MaxLists lists); past MaxLists signatures, those
+// beyond take none (0), and Need says the policy does not fit.
+func (u *ListUse) Bits() map[string]uint64 {
+	bits := make(map[string]uint64, len(u.order))
 	if len(u.order) <= MaxLists {
 		for i, name := range u.order {
 			bits[name] = 1 << i
 		}
-		return bits, len(u.order)
+		return bits
 	}
 	of := map[[2]uint64]uint64{}
 	for _, name := range u.order {
@@ -105,20 +130,5 @@ func (u *ListUse) Bits() (bits map[string]uint64, need int) {
 		}
 		bits[name] = b
 	}
-	return bits, len(of)
+	return bits
 }
-
-// Need is how many bits the lists need (Bits' need, without the bits).
-func (u *ListUse) Need() int {
-	if len(u.order) <= MaxLists {
-		return len(u.order)
-	}
-	seen := make(map[[2]uint64]bool, MaxLists+1)
-	for _, name := range u.order {
-		seen[u.sig[name]] = true
-	}
-	return len(seen)
-}
-
-// Lists is how many lists the rules name.
-func (u *ListUse) Lists() int { return len(u.order) }

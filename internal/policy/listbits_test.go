@@ -35,18 +35,19 @@ func TestListBits(t *testing.T) {
 		return "[" + strings.Join(ns, ", ") + "]"
 	}
 
-	bits, need := pol("src: [c2, c1]", "dst: [c1, c3]").ListUse().Bits()
-	if need != 3 || bits["c2"] != 1 || bits["c1"] != 2 || bits["c3"] != 4 {
-		t.Errorf("three lists: %v, %d bits; want a bit each in the order named", bits, need)
+	u := pol("src: [c2, c1]", "dst: [c1, c3]").ListUse()
+	bits := u.Bits()
+	if u.Need() != 3 || bits["c2"] != 1 || bits["c1"] != 2 || bits["c3"] != 4 {
+		t.Errorf("three lists: %v, %d bits; want a bit each in the order named", bits, u.Need())
 	}
 
 	// A thousand lists: c0-c499 on one side (c7 twice), c500-c999 on two,
 	// c999 on one more: three bits.
 	p := pol("src: "+strings.Replace(names(0, 500), "c7,", "c7, c7,", 1), "dst: "+names(500, 1000), "src: "+names(500, 1000)+", proto: udp", "dst: c999, proto: tcp")
-	u := p.ListUse()
-	bits, need = u.Bits()
-	if need != 3 || u.Need() != 3 || u.Lists() != 1000 {
-		t.Fatalf("%d lists in %d ways (Need %d); want 1,000 in 3", u.Lists(), need, u.Need())
+	u = p.ListUse()
+	bits = u.Bits()
+	if u.Need() != 3 || u.Lists() != 1000 {
+		t.Fatalf("%d lists in %d ways; want 1,000 in 3", u.Lists(), u.Need())
 	}
 	for i := range 1000 {
 		want := uint64(1)
@@ -71,11 +72,17 @@ func TestListBits(t *testing.T) {
 	u = p.ListUse()
 	last := Rule{Src: []string{"c999"}}
 	undo := u.Add(&last, p.Lists)
-	if _, need := u.Bits(); need != MaxLists+1 || u.Need() != MaxLists+1 {
-		t.Errorf("%d ways: Bits says %d, Need %d", MaxLists+1, need, u.Need())
+	if bits := u.Bits(); u.Need() != MaxLists+1 || bits["c999"] != 0 {
+		t.Errorf("%d ways: Need says %d, c999's bit %#x", MaxLists+1, u.Need(), bits["c999"])
 	}
 	undo()
-	if bits, need := u.Bits(); need != MaxLists || u.Lists() != 10*MaxLists || bits["c999"] != 0 || bits["c0"] != 1 {
-		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), need)
+	again := Rule{Src: []string{"c0"}} // splits c0 from c1-c9
+	undo = u.Add(&again, p.Lists)
+	if u.Need() != MaxLists+1 {
+		t.Errorf("c0 named once more: %d ways, want %d", u.Need(), MaxLists+1)
+	}
+	undo()
+	if bits := u.Bits(); u.Need() != MaxLists || u.Lists() != 10*MaxLists || bits["c999"] != 0 || bits["c0"] != 1 || bits["c629"] != 1<<62 {
+		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), u.Need())
 	}
 }
