@@ -8,6 +8,7 @@ import (
 
 	"github.com/rampart-fw/rampart/internal/engine"
 	"github.com/rampart-fw/rampart/internal/gcpace"
+	"github.com/rampart-fw/rampart/internal/policy"
 )
 
 func checkCmd(g *globals) *cobra.Command {
@@ -46,8 +47,12 @@ never match).`,
 					*engine.CheckReport
 				}{file, true, r})
 			}
-			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, unparsed %s, policy %s\n",
-				file, r.Rules, len(r.Lists), r.Entries, float64(r.TableBytes)/(1<<20), r.V4SplitBlocks, r.V6Prefixes, r.Default, r.Unparsed, r.PolicyHash[:12])
+			shared := ""
+			if r.BitsShared {
+				shared = fmt.Sprintf(", in %d of the %d list bits (lists the same rules name share one)", r.ListBits, policy.MaxLists)
+			}
+			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries%s; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, unparsed %s, policy %s\n",
+				file, r.Rules, len(r.Lists), r.Entries, shared, float64(r.TableBytes)/(1<<20), r.V4SplitBlocks, r.V6Prefixes, r.Default, r.Unparsed, r.PolicyHash[:12])
 			rows := [][]string{{"LIST", "ENTRIES", "SKIPPED", "IPV4 RANGES", "IPV4 ADDRESSES", "IPV6 RANGES", "IPV6 ADDRESSES"}}
 			for _, l := range r.Lists {
 				v6 := "0"

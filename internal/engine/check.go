@@ -10,6 +10,8 @@ import (
 type CheckReport struct {
 	Rules         int            `json:"rules"`
 	Lists         []ListReport   `json:"lists"`
+	ListBits      int            `json:"list_bits"`   // of the membership mask's policy.MaxLists
+	BitsShared    bool           `json:"bits_shared"` // lists the same rules name share a bit (policy.ListUse)
 	Entries       int            `json:"entries"`
 	SkippedLines  int            `json:"skipped_lines"`
 	V4SplitBlocks int            `json:"v4_split_blocks"`
@@ -60,6 +62,11 @@ func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 		r.Lists = append(r.Lists, ListReport{Name: name, Entries: l.Entries, Skipped: l.Skipped,
 			V4Ranges: len(l.V4), V4Addresses: v4, V6Ranges: len(l.V6), V6Addresses: v6})
 	}
+	bits := map[uint64]bool{}
+	for _, b := range img.Lists {
+		bits[b] = true
+	}
+	r.ListBits, r.BitsShared = len(bits), len(bits) < len(img.Lists)
 	if r.Warnings == nil {
 		r.Warnings = []policy.Error{}
 	}

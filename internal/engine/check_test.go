@@ -1,0 +1,34 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestCheckReportsListBits: check says how many bits of the membership
+// mask the lists take, and whether lists share them: not for a few lists,
+// nor for lists no rule names, which take none.
+func TestCheckReportsListBits(t *testing.T) {
+	var lists, names []string
+	for i := range 100 {
+		lists = append(lists, fmt.Sprintf("  c%d: {prefixes: [198.51.100.%d/32]}\n", i, i))
+		names = append(names, fmt.Sprintf("c%d", i))
+	}
+	for _, c := range []struct {
+		rules  string
+		bits   int
+		shared bool
+	}{
+		{"  - {name: a, src: [c0, c1], action: drop}\n  - {name: b, dst: c1, action: drop}\n", 2, false},
+		{"  - {name: a, src: [" + strings.Join(names, ", ") + "], action: drop}\n  - {name: b, dst: c99, action: drop}\n", 2, true},
+	} {
+		r, err := Check(parse(t, t.TempDir(), "p.yaml", "lists:\n"+strings.Join(lists, "")+"rules:\n"+c.rules), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ListBits != c.bits || r.BitsShared != c.shared || len(r.Lists) != 100 {
+			t.Errorf("%q: %d lists in %d bits, shared %v; want 100 in %d, %v", c.rules, len(r.Lists), r.ListBits, r.BitsShared, c.bits, c.shared)
+		}
+	}
+}
