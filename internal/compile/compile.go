@@ -221,9 +221,9 @@ func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
 
 // BuildTables builds the prefix-list tables for lists, lists[i] answering
 // to bit bits[i] (lists sharing a bit answer as their union), with the
-// lists' in-place ops as the overlay; and for the
-// inline prefixes (id i+1 for prefixes[i]), which take no bit: a class
-// inside one has ClassInPrefix set.
+// lists' in-place ops as the overlay; and for the inline prefixes (id i+1
+// for prefixes[i]), which take no bit: a class inside one has
+// ClassInPrefix set.
 func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) Tables {
 	var t Tables
 	var ops []policy.ListOp
