@@ -360,8 +360,11 @@ func (fw *Firewall) sharingBit(list string) ([]string, error) {
 			gens = append(gens, st.pending.Previous)
 		}
 		for _, n := range gens {
+			if len(others) > 0 {
+				break
+			}
 			g, err := fw.readGen(h, n)
-			if err != nil || g == nil || len(others) > 0 {
+			if err != nil || g == nil {
 				continue
 			}
 			bits := make(map[string]uint64, len(g.Lists))

@@ -17,6 +17,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/policy"
+	"github.com/rampart-fw/rampart/internal/testutil"
 )
 
 // TestLiveListChanges: list changes reach the kernel in place, the
@@ -31,12 +32,7 @@ func TestLiveListChanges(t *testing.T) {
 	pol := parse(t, t.TempDir(), "p.yaml", "lists:\n  block: {prefixes: ["+other.String()+"]}\nrules:\n  - {name: d, src: block, action: drop}\n")
 	mustApply(t, fw, pol, p.IfB)
 	gen := hookStatus(t, fw)[0].Generation
-	step := func(what string, want int) {
-		t.Helper()
-		if got := delivered(t, p, 9300, 50); got != want {
-			t.Errorf("%s: %d of 50 datagrams from A arrived, want %d", what, got, want)
-		}
-	}
+	step := fromA(t, p)
 	step("A not listed", 50)
 
 	if _, err := fw.ChangeList(ListChange{List: "block", Prefixes: []netip.Prefix{host}, Add: true}); err != nil {
@@ -83,6 +79,17 @@ func TestLiveListChanges(t *testing.T) {
 		t.Errorf("a change to an inline prefix: %v", err)
 	}
 	step("an inline prefix unchanged", 50)
+}
+
+// fromA is a check of one step of a test: after what, want of 50
+// datagrams from A reach B.
+func fromA(t *testing.T, p *testutil.Pair) func(what string, want int) {
+	return func(what string, want int) {
+		t.Helper()
+		if got := delivered(t, p, 9300, 50); got != want {
+			t.Errorf("%s: %d of 50 datagrams from A arrived, want %d", what, got, want)
+		}
+	}
 }
 
 // TestOverlayDelta: a change writes only the overlay entries it changes,
@@ -206,12 +213,7 @@ func TestSharedListBits(t *testing.T) {
 	}
 	shared := "lists:\n" + strings.Join(lists, "") + "rules:\n  - {name: d, src: [" + strings.Join(names, ", ") + "], action: drop}\n"
 	mustApply(t, fw, parse(t, t.TempDir(), "p.yaml", shared), p.IfB)
-	step := func(what string, want int) {
-		t.Helper()
-		if got := delivered(t, p, 9300, 50); got != want {
-			t.Errorf("%s: %d of 50 datagrams from A arrived, want %d", what, got, want)
-		}
-	}
+	step := fromA(t, p)
 	step("A not listed", 50)
 	if _, err := fw.ChangeList(ListChange{List: "c57", Prefixes: []netip.Prefix{host}, Add: true}); err != nil {
 		t.Fatal(err)
