@@ -55,10 +55,7 @@ func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
 			}
 			key := [2]uint64{u.rng.Uint64(), u.rng.Uint64()}
 			u.keys = append(u.keys, key)
-			for i, name := range side {
-				if slices.Contains(side[:i], name) { // named twice: once
-					continue
-				}
+			for _, name := range distinct(side) {
 				if _, ok := u.sig[name]; !ok {
 					u.order = append(u.order, name)
 					u.ways[[2]uint64{}]++
@@ -78,6 +75,22 @@ func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
 		}
 		u.order, u.keys = u.order[:order], u.keys[:sides]
 	}
+}
+
+// distinct are names without repeats, in order: a side may name a list
+// twice, which must count once (XORed twice, its key would cancel).
+func distinct(names []string) []string {
+	if len(names) < 2 {
+		return names
+	}
+	seen := make(map[string]bool, len(names))
+	return slices.DeleteFunc(slices.Clone(names), func(n string) bool {
+		if seen[n] {
+			return true
+		}
+		seen[n] = true
+		return false
+	})
 }
 
 // xor moves list to the signature with key's side toggled.
