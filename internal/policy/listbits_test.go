@@ -86,3 +86,22 @@ func TestListBits(t *testing.T) {
 		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), u.Need())
 	}
 }
+
+// BenchmarkListUse counts the sides of 10,001 rules: one naming 10,000
+// lists, the others two each.
+func BenchmarkListUse(b *testing.B) {
+	p := &Policy{Lists: map[string]*List{}}
+	var all []string
+	for i := range 10_000 {
+		all = append(all, fmt.Sprintf("c%d", i))
+	}
+	p.Rules = []Rule{{Src: all}}
+	for i := range all {
+		p.Rules = append(p.Rules, Rule{Src: []string{all[i], all[(i+1)%len(all)]}})
+	}
+	for b.Loop() {
+		if u := p.ListUse(); u.Lists() != len(all) {
+			b.Fatalf("%d lists", u.Lists())
+		}
+	}
+}
