@@ -10,10 +10,13 @@
 enum limits {
 	MAX_RULES = 1 << 17, /* rules of a policy; also its match entries */
 	/* Lists a policy's entries test by membership, one bit each of a
-	 * 64-bit mask; the top bit marks a class inside an inline prefix
-	 * (Go's compile package). An inline prefix alone on its side of a
-	 * rule takes no bit: its entries compare the address's bits. */
+	 * 64-bit mask; the top bit marks a class whose mask does not say all
+	 * of its membership (Go's compile package). An inline prefix alone on
+	 * its side of a rule takes no bit: its entries compare the address's
+	 * bits. Lists past MAX_LISTS ways of naming them take no bit either:
+	 * a rule's side checks them by a bit of its class's row (src_row). */
 	MAX_LISTS = 63,
+	MAX_ROW_BITS = 65535, /* struct rule's src_row is a __u16; 0 is none */
 	/* VLAN tags the parser reads unrolled; more are walked in a loop. */
 	VLAN_UNROLLED = 2,
 	/* L4 header bytes a rule needs: ports are bytes 0-3 of TCP and UDP,
@@ -96,7 +99,11 @@ struct rule {
 	__u8 res_set;   /* MATCH_TCP_RES: byte 12's low bits that must be set */
 	__u8 res_clear; /* and clear */
 	__u8 proto_hi;
-	__u8 pad[5];
+	__u8 pad;
+	/* A side's static lists (those without a bit, past MAX_LISTS ways of
+	 * naming lists): bit src_row of the address class's row (class_rows
+	 * in the tree array), 0 for none. Matches if the mask or the row does. */
+	__u16 src_row, dst_row;
 	/* MATCH_SRC_BITS and MATCH_DST_BITS: the address, as two u64 loads of
 	 * its bytes, under mask[i] equals bits[i]. */
 	__u64 src_mask[2], src_bits[2];
@@ -187,7 +194,12 @@ struct config {
 	__u8 need_l4;          /* some rule looks at the protocol, ports or flags */
 	__u8 need_src;         /* some rule looks at the source's lists */
 	__u8 need_dst;
-	__u8 pad[6];
+	__u8 pad[2];
+	/* The address classes' rows of static lists (struct rule's src_row):
+	 * row_words u32 words a class, from word rows_base of the tree. */
+	__u32 rows_base;
+	__u32 row_words;
+	__u32 pad2;
 };
 
 /* The one element of the live map (filter.c): the generation frames meet,

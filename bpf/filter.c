@@ -56,6 +56,7 @@ static __always_inline __u32 *word(void *map, __u32 i)
 struct address {
 	__u64 mask; /* its lists */
 	__u32 eq;   /* its eq as a source or destination */
+	__u32 cls;  /* its class, whose row holds its static lists */
 };
 
 /* One frame's classification. */
@@ -121,6 +122,18 @@ static __always_inline int bits_match(const __u8 *addr, const __u64 *mask, const
 	return (a[0] & mask[0]) == bits[0] && (a[1] & mask[1]) == bits[1];
 }
 
+/* Whether bit row of address class cls's row is set: the class is in one
+ * of a side's static lists. The rows follow the trees in the tree array.
+ * Not inlined: inlined, its reads took classify 16 more bytes of stack,
+ * past the 512 a chain of calls may take. */
+static __noinline int in_row(const struct match_ctx *m, __u32 cls, __u32 row)
+{
+	if (!m || !m->c)
+		return 0;
+	__u32 *w = word(m->tree, m->c->rows_base + cls * m->c->row_words + (row >> 5));
+	return w && (*w >> (row & 31)) & 1;
+}
+
 static __always_inline int rule_matches(const struct rule *r, struct match_ctx *m)
 {
 	struct pkt *p = m->p;
@@ -130,9 +143,9 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 		return NO_MATCH;
 	if ((f & MATCH_IPV6) && p->family != 6)
 		return NO_MATCH;
-	if ((f & MATCH_SRC) && !(m->src.mask & r->src_lists))
+	if ((f & MATCH_SRC) && !(m->src.mask & r->src_lists) && !(r->src_row && in_row(m, m->src.cls, r->src_row)))
 		return NO_MATCH;
-	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists))
+	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists) && !(r->dst_row && in_row(m, m->dst.cls, r->dst_row)))
 		return NO_MATCH;
 	if ((f & MATCH_SRC_BITS) && !bits_match(p->saddr, r->src_mask, r->src_bits))
 		return NO_MATCH;
@@ -313,6 +326,7 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
 	else
 		e = gen_lookup(&class_eqs, gen, &cls);
 	out->mask = mask;
+	out->cls = cls;
 	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
 	return 0;
 }

@@ -34,7 +34,9 @@ type Rule struct {
 	ResSet     uint8
 	ResClear   uint8
 	ProtoHi    uint8
-	Pad        [5]uint8
+	Pad        uint8
+	SrcRow     uint16
+	DstRow     uint16
 	SrcMask    [2]uint64
 	SrcBits    [2]uint64
 	DstMask    [2]uint64
@@ -238,13 +240,17 @@ type Config struct {
 	NeedL4          uint8
 	NeedSrc         uint8
 	NeedDst         uint8
-	Pad             [6]uint8
+	Pad             [2]uint8
+	RowsBase        uint32
+	RowWords        uint32
+	Pad2            uint32
 }
 
 // enum limits
 const (
 	MaxRules     = 131072
 	MaxLists     = 63
+	MaxRowBits   = 65535
 	VLANUnrolled = 2
 	L4Ports      = 4
 	L4Flags      = 14

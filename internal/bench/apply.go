@@ -324,7 +324,7 @@ func writeFeedPolicy(dir string, fam int, mix string, size int) (string, func(n 
 	}
 	defer f.Close()
 	w := bufio.NewWriterSize(f, 1<<20)
-	writeScalePolicy(w, size, fam, true)
+	writeScalePolicy(w, size, fam, true, ScaleLists)
 	if err := w.Flush(); err != nil {
 		return "", nil, 0, err
 	}

@@ -379,7 +379,7 @@ func rampart(fam int, prefixes []netip.Prefix, sources *ebpf.Map) (compile.Table
 		}
 	}
 	list := policy.BuildList("bench", v4, v6)
-	tables := compile.BuildTables([]*policy.List{list}, []uint64{1}, nil)
+	tables := compile.BuildTables([]*policy.List{list}, []uint64{1}, nil, nil)
 	objs, err := load(fam, benchBenchStructureBENCH_RAMPART, &tables, 0, 1, sources)
 	if err != nil {
 		r.Error = err.Error()

@@ -100,33 +100,38 @@ func runProgress(progress func(string), fam, runs int) func(int) {
 	return func(run int) { progress(fmt.Sprintf("IPv%d: run %d/%d", fam, run+1, runs)) }
 }
 
-// scaleLists are the source lists the scale policies' rules spread over.
-const scaleLists = 32
+// ScaleLists is how many source lists the scale policies' rules spread
+// over by default.
+const ScaleLists = 32
 
-// scalePolicy is n rules as a feed sends them: each a source list, UDP and
-// its own destination port (and source port past 60,000 rules), dropped.
-// With victims, each rule's destination is a prefix of its own instead of
-// a source list, as BGP FlowSpec routes name the addresses under attack.
-func scalePolicy(n, fam int, victims bool) string {
+// MaxScaleLists bounds them: a /24 each of 10.0.0.0/8 (IPv4).
+const MaxScaleLists = 1 << 16
+
+// scalePolicy is n rules as a feed sends them: each one of lists source
+// lists, UDP and its own destination port (and source port past 60,000
+// rules), dropped. With victims, each rule's destination is a prefix of
+// its own instead of a source list, as BGP FlowSpec routes name the
+// addresses under attack.
+func scalePolicy(n, fam int, victims bool, lists int) string {
 	var b strings.Builder
-	writeScalePolicy(&b, n, fam, victims)
+	writeScalePolicy(&b, n, fam, victims, lists)
 	return b.String()
 }
 
 // writeScalePolicy writes scalePolicy's text to w, a rule at a time.
-func writeScalePolicy(b io.Writer, n, fam int, victims bool) {
+func writeScalePolicy(b io.Writer, n, fam int, victims bool, lists int) {
 	io.WriteString(b, "lists:\n")
-	for k := range scaleLists {
-		if fam == 6 {
-			fmt.Fprintf(b, "  l%d: {prefixes: [\"2001:db8:%x::/48\"]}\n", k, k)
-		} else {
-			fmt.Fprintf(b, "  l%d: {prefixes: [198.18.%d.0/24]}\n", k, k)
-		}
+	bits := 24 // a /24 of 10.0.0.0/8, a /48 of 2001:db8::/32
+	if fam == 6 {
+		bits = 48
+	}
+	for k := range lists {
+		fmt.Fprintf(b, "  l%d: {prefixes: [%q]}\n", k, netip.PrefixFrom(scaleSource(k, fam), bits).Masked())
 	}
 	io.WriteString(b, "rules:\n")
 	for i := range n {
 		sport, dport := scalePorts(i)
-		match := fmt.Sprintf("src: l%d", i%scaleLists)
+		match := fmt.Sprintf("src: l%d", i%lists)
 		if victims {
 			match = fmt.Sprintf("dst: %q", victim(i, fam))
 		}
@@ -148,13 +153,21 @@ func scalePorts(i int) (sport, dport int) {
 	return 10000 + i/60000, 1 + i%60000
 }
 
+// scaleSource is an address of source list k: in 10.0.0.0/8 (a /24
+// each), or 2001:db8::/32 (a /48 each).
+func scaleSource(k, fam int) netip.Addr {
+	if fam == 6 {
+		return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(k >> 8), byte(k), 15: 7})
+	}
+	return netip.AddrFrom4([4]byte{10, byte(k >> 8), byte(k), 7})
+}
+
 // scaleFrame is a UDP frame from the last rule's list (to its victim):
 // matched by the last rule, or (dport past every rule's) by none.
-func scaleFrame(n, fam int, victims, match bool) []byte {
-	k := (n - 1) % scaleLists
-	f := packet.Frame{Src: netip.AddrFrom4([4]byte{198, 18, byte(k), 7}), Dst: netip.MustParseAddr("192.0.2.2"), Proto: 17, Payload: 18}
+func scaleFrame(n, fam int, victims, match bool, lists int) []byte {
+	f := packet.Frame{Src: scaleSource((n-1)%lists, fam), Dst: netip.MustParseAddr("192.0.2.2"), Proto: 17, Payload: 18}
 	if fam == 6 {
-		f.Src, f.Dst, f.Payload = netip.MustParseAddr(fmt.Sprintf("2001:db8:%x::7", k)), netip.MustParseAddr("2001:db8::2"), 0
+		f.Dst, f.Payload = netip.MustParseAddr("2001:db8::2"), 0
 	}
 	if victims {
 		f.Dst = victim(n-1, fam)
@@ -171,7 +184,7 @@ func scaleFrame(n, fam int, victims, match bool) []byte {
 // of each size in counts, for a frame no rule matches and one only the last
 // rule matches, through BPF_PROG_TEST_RUN in rounds interleaved across sizes.
 // With victims, each rule names a destination of its own (scalePolicy).
-func Scale(counts []int, families []int, victims bool, repeat, runs int, progress func(string)) ([]ScaleResult, error) {
+func Scale(counts []int, families []int, victims bool, lists, repeat, runs int, progress func(string)) ([]ScaleResult, error) {
 	var out []ScaleResult
 	for _, fam := range families {
 		var trials []trial
@@ -181,7 +194,7 @@ func Scale(counts []int, families []int, victims bool, repeat, runs int, progres
 				progress(fmt.Sprintf("IPv%d: compiling and loading %d rules", fam, n))
 			}
 			start := time.Now()
-			pol, err := policy.Parse(fmt.Sprintf("rules-%d.yaml", n), []byte(scalePolicy(n, fam, victims)))
+			pol, err := policy.Parse(fmt.Sprintf("rules-%d.yaml", n), []byte(scalePolicy(n, fam, victims, lists)))
 			if err != nil {
 				return nil, err
 			}
@@ -199,7 +212,7 @@ func Scale(counts []int, families []int, victims bool, repeat, runs int, progres
 					r.Frame, want = "last-rule", xdpDrop
 				}
 				results = append(results, r)
-				trials = append(trials, trial{fmt.Sprintf("%d rules, %s frame", n, r.Frame), objs.Program(datapath.KindXDP), scaleFrame(n, fam, victims, match), want})
+				trials = append(trials, trial{fmt.Sprintf("%d rules, %s frame", n, r.Frame), objs.Program(datapath.KindXDP), scaleFrame(n, fam, victims, match, lists), want})
 			}
 		}
 		ns, err := interleave(trials, repeat, runs, runProgress(progress, fam, runs))

@@ -28,9 +28,10 @@ func benchRulesCmd(g *globals) *cobra.Command {
 		counts       string
 		victims      bool
 		repeat, runs int
+		lists        int
 	)
 	c := &cobra.Command{
-		Use:   "rules [--rules 10,256,10000 [--victims]] [--family 4,6] [--repeat N] [--runs N]",
+		Use:   "rules [--rules 10,256,10000 [--victims | --lists N]] [--family 4,6] [--repeat N] [--runs N]",
 		Short: "Per-packet cost of rule kinds, or of policies of many rules",
 		Long: `rules loads rampart's XDP program with one-rule policies that each drop
 the benchmark's UDP frame: a plain drop, a per-rule limit and a per-source
@@ -43,14 +44,16 @@ cache here; what many sources cost besides (a table slot out of cache per
 source) shows in rampart lab flood's sources flood.
 
 With --rules, it loads instead one policy of each size, rules as a feed
-sends them (each a source list of 32, UDP, its own destination port), and
-runs two frames through each: one no rule matches, one only the last rule
-matches. With --victims, each rule's destination is an address of its own
+sends them (each a source list of 32, or of --lists, UDP, its own
+destination port), and runs two frames through each: one no rule
+matches, one only the last rule matches. Past 63 lists named in as many
+ways, the later lists take no bit of the membership mask, and their
+rules check the class's row instead. With --victims, each rule's destination is an address of its own
 instead of a source list, as BGP FlowSpec routes name the addresses under
 attack. It reports ns per packet, the ratio to the smallest policy's for
 the same frame, the time to compile and load each policy and its kernel
 bytes.`,
-		Example: "  rampart bench rules --family 4\n  rampart bench rules --rules 10,256,10000,100000 --family 4\n  rampart bench rules --rules 10,10000 --victims",
+		Example: "  rampart bench rules --family 4\n  rampart bench rules --rules 10,256,10000,100000 --family 4\n  rampart bench rules --rules 10,10000 --victims\n  rampart bench rules --rules 10,10000 --lists 1024",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			fams, err := familyList(families)
@@ -74,7 +77,10 @@ bytes.`,
 						return fmt.Errorf("--rules %d: each size must be 1 to %d", n, policy.MaxRules)
 					}
 				}
-				return benchScale(g, ns, fams, victims, repeat, runs, progress)
+				if lists < 1 || lists > bench.MaxScaleLists {
+					return fmt.Errorf("--lists %d: must be 1 to %d", lists, bench.MaxScaleLists)
+				}
+				return benchScale(g, ns, fams, victims, lists, repeat, runs, progress)
 			}
 			res, err := bench.Rules(fams, repeat, runs, progress)
 			if done, err := rulesDone(g, progress, err, repeat, runs, res); done {
@@ -94,6 +100,7 @@ bytes.`,
 	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
 	f.StringVar(&counts, "rules", "", "policy sizes to compare, e.g. 10,256,10000")
 	f.BoolVar(&victims, "victims", false, "with --rules: each rule a destination address of its own, not a source list")
+	f.IntVar(&lists, "lists", bench.ScaleLists, "with --rules: the source lists the rules spread over")
 	f.IntVar(&repeat, "repeat", 1_000_000, "packets per run")
 	f.IntVar(&runs, "runs", 5, "runs per measurement (the median is reported)")
 	return c
@@ -114,8 +121,8 @@ func rulesDone(g *globals, progress func(string), err error, repeat, runs int, r
 	return false, nil
 }
 
-func benchScale(g *globals, counts, fams []int, victims bool, repeat, runs int, progress func(string)) error {
-	res, err := bench.Scale(counts, fams, victims, repeat, runs, progress)
+func benchScale(g *globals, counts, fams []int, victims bool, lists, repeat, runs int, progress func(string)) error {
+	res, err := bench.Scale(counts, fams, victims, lists, repeat, runs, progress)
 	if done, err := rulesDone(g, progress, err, repeat, runs, res); done {
 		return err
 	}

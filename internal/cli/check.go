@@ -48,7 +48,10 @@ never match).`,
 				}{file, true, r})
 			}
 			shared := ""
-			if r.BitsShared {
+			switch {
+			case r.StaticLists > 0:
+				shared = fmt.Sprintf(", in %d list bits and %d static lists (named in more than %d ways: the lists of the later ways take no bit, nor in-place changes)", r.ListBits, r.StaticLists, policy.MaxLists)
+			case r.BitsShared:
 				shared = fmt.Sprintf(", in %d of the %d list bits (lists the same rules name share one)", r.ListBits, policy.MaxLists)
 			}
 			fmt.Fprintf(g.env.Stdout, "%s: valid: %d rules, %d lists with %d entries%s; tables take %.1f MiB (%d IPv4 blocks split below /24, %d IPv6 prefixes after aggregation); default %s, unparsed %s, policy %s\n",

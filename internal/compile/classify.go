@@ -3,6 +3,7 @@ package compile
 import (
 	crand "crypto/rand"
 	"encoding/binary"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -14,10 +15,12 @@ import (
 // trees (bpf/common.h): what each field's values are to the rules, and trees
 // over those eqs down to leaves of the few entries a frame may match.
 type Classifier struct {
-	Tree     []uint32
-	Roots    []uint32
-	FieldEqs []uint32       // abi.FieldValues entries, by field base and value
-	ClassEqs []abi.ClassEqs // by address class
+	Tree  []uint32 // the trees, then the classes' rows (Rows) from word RowsBase
+	Roots []uint32
+	// RowsBase, RowWords: where the rows start in Tree, and their length.
+	RowsBase, RowWords uint32
+	FieldEqs           []uint32       // abi.FieldValues entries, by field base and value
+	ClassEqs           []abi.ClassEqs // by address class
 }
 
 // KernelBytes is the kernel memory the classifier's maps take.
@@ -248,20 +251,27 @@ type Prefixes struct {
 }
 
 // addressField builds the source or destination field over the address
-// classes: an entry testing lists (lists(r) != 0) matches a class holding
-// any of them, one with an inline prefix (prefix[r] != 0) a class inside
-// it. Eq 0 (EQ_ANY) keeps every entry testing the field, vague: the leaf
+// classes: an entry testing lists (lists(r) != 0 or row(r) != 0) matches a
+// class holding any of them (by the mask, or the class's row), one with an
+// inline prefix (prefix[r] != 0) a class inside it. Eq 0 (EQ_ANY) keeps every entry testing the field, vague: the leaf
 // decides. A class's judgement is its lists' entries and its inline
 // prefixes' (the longest holding it and theirs up the chain), so that
 // thousands of prefixes cost their chains, not classes times entries.
-func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, prefix []uint32, px *Prefixes) (f field, eqs []uint32) {
+func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, row func(r int) uint16, rows *Rows, prefix []uint32, px *Prefixes) (f field, eqs []uint32) {
 	table := newEqTable(abi.EqAny + 1)
 	f.cands = make([][]cand, n)
 	var listed []int
 	var byPrefix map[uint32][]int
+	var byRow map[uint16][]int // by row bit, the entries with static lists
 	for r := range n {
+		if row(r) != 0 {
+			if byRow == nil {
+				byRow = map[uint16][]int{}
+			}
+			byRow[row(r)] = append(byRow[row(r)], r)
+		}
 		switch {
-		case lists(r) != 0:
+		case lists(r) != 0 || row(r) != 0:
 			listed = append(listed, r)
 		case prefix != nil && prefix[r] != 0:
 			if byPrefix == nil {
@@ -304,7 +314,7 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 	eqs = make([]uint32, len(classes))
 	seen := map[uint32]bool{}
 	for v, mask := range classes {
-		mask &^= ClassInPrefix
+		mask &^= ClassUnmasked
 		m := masks[mask]
 		if m == nil {
 			m = &ofMask{}
@@ -322,6 +332,20 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 		}
 		key := m.key
 		key.add(chainOf(p))
+		// The entries the class's row adds, not matching by the mask.
+		var byStatic []int
+		if byRow != nil {
+			for w, word := range rows.Bits[v*rows.Words : (v+1)*rows.Words] {
+				for ; word != 0; word &= word - 1 {
+					for _, r := range byRow[uint16(w*32+bits.TrailingZeros32(word))] {
+						if mask&lists(r) == 0 {
+							byStatic = append(byStatic, r)
+							key.add(k.of(r, stMatch))
+						}
+					}
+				}
+			}
+		}
 		eq := table.id(key)
 		eqs[v] = eq
 		if seen[eq] {
@@ -329,6 +353,9 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 		}
 		seen[eq] = true
 		for _, r := range m.entries {
+			f.cands[r] = append(f.cands[r], cand{eq, stMatch})
+		}
+		for _, r := range byStatic {
 			f.cands[r] = append(f.cands[r], cand{eq, stMatch})
 		}
 		for q := p; q != 0 && byPrefix != nil; q = px.Parent[q] {
@@ -347,8 +374,9 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, pre
 }
 
 // Classify compiles entries, in policy order, over the address classes
-// (class id -> list mask) and the inline prefixes (nil: none).
-func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
+// (class id -> list mask, and their rows of static lists: nil for none)
+// and the inline prefixes (nil: none).
+func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Classifier {
 	var c Classifier
 	k := newKeys(len(entries))
 	tests := func(bit uint32) func(int) bool {
@@ -418,15 +446,18 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 	for _, a := range []struct {
 		f      int
 		lists  func(r int) uint64
+		row    func(r int) uint16
 		prefix []uint32
 		set    func(e *abi.ClassEqs, eq uint32)
 	}{
-		{abi.FieldSrc, func(r int) uint64 { return entries[r].SrcLists }, srcPx, func(e *abi.ClassEqs, eq uint32) { e.Src = eq }},
-		{abi.FieldDst, func(r int) uint64 { return entries[r].DstLists }, dstPx, func(e *abi.ClassEqs, eq uint32) { e.Dst = eq }},
+		{abi.FieldSrc, func(r int) uint64 { return entries[r].SrcLists }, func(r int) uint16 { return entries[r].SrcRow }, srcPx,
+			func(e *abi.ClassEqs, eq uint32) { e.Src = eq }},
+		{abi.FieldDst, func(r int) uint64 { return entries[r].DstLists }, func(r int) uint16 { return entries[r].DstRow }, dstPx,
+			func(e *abi.ClassEqs, eq uint32) { e.Dst = eq }},
 	} {
 		wg.Go(func() {
 			var eqs []uint32
-			fs[a.f], eqs = addressField(len(entries), k, classes, a.lists, a.prefix, px)
+			fs[a.f], eqs = addressField(len(entries), k, classes, a.lists, a.row, rows, a.prefix, px)
 			for v, eq := range eqs {
 				a.set(&c.ClassEqs[v], eq)
 			}
@@ -448,6 +479,10 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes) Classifier {
 		c.Roots = append(c.Roots, b.node(b.normalize(items)))
 	}
 	c.Tree = b.tree
+	if rows != nil {
+		c.RowsBase, c.RowWords = uint32(len(c.Tree)), uint32(rows.Words)
+		c.Tree = append(c.Tree, rows.Bits...)
+	}
 	return c
 }
 
@@ -629,10 +664,11 @@ func (b *treeBuilder) build(items []item) uint32 {
 }
 
 // choose picks the field to split items on: the one whose largest child is
-// smallest, then whose children hold the fewest items in all.
+// smallest, then whose children that are no leaves hold the fewest items,
+// then whose children hold the fewest items in all.
 // It also returns the items its children would hold in all.
 func (b *treeBuilder) choose(items []item, pending uint8) (int, int) {
-	best, bestMax, bestSum := -1, 0, 0
+	best, bestMax, bestOpen, bestSum := -1, 0, 0, 0
 	for f := range b.fields {
 		if pending&(1<<f) == 0 {
 			continue
@@ -656,8 +692,16 @@ func (b *treeBuilder) choose(items []item, pending uint8) (int, int) {
 		}
 		biggest := everywhere + slices.Max(counts)
 		sum += everywhere * fd.n
-		if best < 0 || biggest < bestMax || (biggest == bestMax && sum < bestSum) {
-			best, bestMax, bestSum = f, biggest, sum
+		// The items of children that are no leaves yet: each takes more
+		// nodes, of all their field's eqs a node.
+		open := 0
+		for _, n := range counts {
+			if n+everywhere > LeafMax {
+				open += n + everywhere
+			}
+		}
+		if best < 0 || biggest < bestMax || (biggest == bestMax && (open < bestOpen || open == bestOpen && sum < bestSum)) {
+			best, bestMax, bestOpen, bestSum = f, biggest, open, sum
 		}
 	}
 	return best, bestSum

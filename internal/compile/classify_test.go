@@ -201,7 +201,7 @@ func TestClassifierBoundedOnHardPolicies(t *testing.T) {
 		name    string
 		entries []abi.Rule
 	}{{"crossed ports", crossed}, {"nested ranges", nested}} {
-		cl := Classify(c.entries, []uint64{0}, nil)
+		cl := Classify(c.entries, []uint64{0}, nil, nil)
 		if len(cl.Tree) > treeBudget+len(c.entries)+1 {
 			t.Errorf("%s: %d words of tree, over the budget of %d and a leaf", c.name, len(cl.Tree), treeBudget)
 		}

@@ -5,6 +5,7 @@ package compile
 import (
 	"encoding/binary"
 	"net/netip"
+	"slices"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -16,8 +17,8 @@ import (
 // (policy.ListUse: lists that the same rules name may share one), and each
 // inline prefix an entry checks by its bits (policy.SplitSide) an id.
 func Build(pol *policy.Policy) *Image {
-	bits := pol.ListUse().Bits()
-	b := builder{pol: pol, bits: bits, ids: map[netip.Prefix]uint32{}}
+	use := pol.ListUse()
+	b := builder{pol: pol, bits: use.Bits(), static: use.Static(), ids: map[netip.Prefix]uint32{}, parts: map[string]uint16{}}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules)), Rules: make([]abi.Rule, 0, len(pol.Rules))}
 	b.img = img
@@ -42,13 +43,52 @@ func Build(pol *policy.Policy) *Image {
 	img.Lists = b.bits
 	var lists []*policy.List
 	var listBits []uint64
+	var static []uint32
 	for name, bit := range b.bits {
 		lists = append(lists, pol.Lists[name])
 		listBits = append(listBits, bit)
+		static = append(static, b.static[name])
 	}
-	img.Tables = BuildTables(lists, listBits, b.prefixes)
-	img.Classifier = Classify(img.Rules, img.Classes, &Prefixes{Parent: img.prefixParent, OfClass: img.classPrefix, Src: b.src, Dst: b.dst})
+	img.Tables = BuildTables(lists, listBits, static, b.prefixes)
+	rows := b.rows(&img.Tables)
+	img.Classifier = Classify(img.Rules, img.Classes, &Prefixes{Parent: img.prefixParent, OfClass: img.classPrefix, Src: b.src, Dst: b.dst}, rows)
 	return img
+}
+
+// Rows are the address classes' rows: bit j of class c's (word
+// c*Words+j/32) says whether the class is in a list of the static part
+// of entries' sides numbered j (abi.Rule's SrcRow), from 1.
+type Rows struct {
+	Words int
+	Bits  []uint32
+}
+
+func (r *Rows) has(cls uint32, bit uint16) bool {
+	return r != nil && bit != 0 && r.Bits[int(cls)*r.Words+int(bit/32)]>>(bit%32)&1 != 0
+}
+
+// rows are t's classes' rows of the sides' static parts; nil without.
+func (b *builder) rows(t *Tables) *Rows {
+	if len(b.partWays) == 0 {
+		return nil
+	}
+	partsOf := map[uint32][]uint16{} // by way, the parts naming it
+	for j, ways := range b.partWays {
+		for _, w := range ways {
+			partsOf[w] = append(partsOf[w], uint16(j+1))
+		}
+	}
+	r := &Rows{Words: (len(b.partWays) + 1 + 31) / 32}
+	r.Bits = make([]uint32, len(t.Classes)*r.Words)
+	for c, set := range t.classStatic {
+		row := r.Bits[c*r.Words:]
+		for _, w := range t.sets.sets[set] {
+			for _, j := range partsOf[w] {
+				row[j/32] |= 1 << (j % 32)
+			}
+		}
+	}
+	return r
 }
 
 // builder is Build's state: the lists' bits, the inline prefixes' ids.
@@ -56,6 +96,9 @@ type builder struct {
 	pol      *policy.Policy
 	img      *Image
 	bits     map[string]uint64
+	static   map[string]uint32       // the lists of static ways: their way
+	parts    map[string]uint16       // a side's static ways (their bytes) -> its row bit
+	partWays [][]uint32              // by row bit - 1: the ways, sorted
 	ids      map[netip.Prefix]uint32 // from 1
 	prefixes []netip.Prefix          // by id - 1
 	src, dst []uint32                // by entry: its inline prefix's id, 0 for none
@@ -127,8 +170,8 @@ func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
 			for _, sp := range orAny(r.Sport) {
 				for _, dp := range orAny(r.Dport) {
 					e := cr
-					src.put(&e, abi.MatchSrc, abi.MatchSrcBits, &e.SrcLists, &e.SrcMask, &e.SrcBits)
-					dst.put(&e, abi.MatchDst, abi.MatchDstBits, &e.DstLists, &e.DstMask, &e.DstBits)
+					src.put(&e, abi.MatchSrc, abi.MatchSrcBits, &e.SrcLists, &e.SrcRow, &e.SrcMask, &e.SrcBits)
+					dst.put(&e, abi.MatchDst, abi.MatchDstBits, &e.DstLists, &e.DstRow, &e.DstMask, &e.DstBits)
 					if sp != nil {
 						e.Match |= abi.MatchSport
 						e.SportLo, e.SportHi = uint16(sp.Lo), uint16(sp.Hi)
@@ -150,6 +193,7 @@ func (b *builder) entries(r *policy.Rule, act policy.Action, i int) {
 // lists); none for a side the rule leaves open.
 type side struct {
 	lists  uint64
+	row    uint16 // its static lists' row bit (Rows), 0 for none
 	bits   *policy.AddrBits
 	prefix uint32 // the inline prefix's id, 0 for none
 }
@@ -162,9 +206,14 @@ func (b *builder) sides(refs []string, bits *policy.AddrBits, need *bool) []side
 	var out []side
 	if len(masked) > 0 || bits != nil {
 		s := side{bits: bits}
+		var ways []uint32
 		for _, n := range masked {
 			s.lists |= b.bits[n]
+			if w := b.static[n]; w != 0 {
+				ways = append(ways, w)
+			}
 		}
+		s.row = b.part(ways)
 		out = append(out, s)
 	}
 	for _, p := range inline {
@@ -179,10 +228,29 @@ func (b *builder) sides(refs []string, bits *policy.AddrBits, need *bool) []side
 	return out
 }
 
+// part is the row bit of a side's static ways, 0 for none.
+func (b *builder) part(ways []uint32) uint16 {
+	if len(ways) == 0 {
+		return 0
+	}
+	slices.Sort(ways)
+	ways = slices.Compact(ways)
+	key := string(waysBytes(ways))
+	j, ok := b.parts[key]
+	if !ok {
+		// policy.ListUse.Fits bounds the sides naming lists by
+		// abi.MaxRowBits, and so the parts.
+		b.partWays = append(b.partWays, ways)
+		j = uint16(len(b.partWays))
+		b.parts[key] = j
+	}
+	return j
+}
+
 // put writes the side into entry e's fields of that side.
-func (s side) put(e *abi.Rule, match, bitsFlag uint32, lists *uint64, mask, want *[2]uint64) {
-	if s.lists != 0 {
-		*lists = s.lists
+func (s side) put(e *abi.Rule, match, bitsFlag uint32, lists *uint64, row *uint16, mask, want *[2]uint64) {
+	if s.lists != 0 || s.row != 0 {
+		*lists, *row = s.lists, s.row
 		e.Match |= match
 	}
 	if s.bits != nil {
@@ -220,11 +288,13 @@ func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
 }
 
 // BuildTables builds the prefix-list tables for lists, lists[i] answering
-// to bit bits[i] (lists sharing a bit answer as their union), with the
-// lists' in-place ops as the overlay; and for the inline prefixes (id i+1
-// for prefixes[i]), which take no bit: a class inside one has
-// ClassInPrefix set.
-func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) Tables {
+// to bit bits[i] (lists sharing a bit answer as their union), or when
+// static is not nil and static[i] is not 0, to that static way (they take
+// no bit; a class in one has ClassUnmasked set), with the lists' in-place
+// ops as the overlay; and for the inline prefixes (id i+1 for
+// prefixes[i]), which take no bit: a class inside one has ClassUnmasked
+// set.
+func BuildTables(lists []*policy.List, bits []uint64, static []uint32, prefixes []netip.Prefix) Tables {
 	var t Tables
 	var ops []policy.ListOp
 	byName := map[string]uint64{}
@@ -232,33 +302,44 @@ func BuildTables(lists []*policy.List, bits []uint64, prefixes []netip.Prefix) T
 		ops = append(ops, l.Ops...)
 		byName[l.Name] = bits[i]
 	}
-	lists, bits = unite(lists, bits)
+	if static == nil {
+		static = make([]uint32, len(lists))
+	}
+	lists, bits, static = unite(lists, bits, static)
 	c := newClasses(&t)
+	t.sets = c.sets
 	t.prefixParent = make([]uint32, len(prefixes)+1)
-	buildV4(&t, c, lists, bits, prefixes)
-	buildV6(&t, c, lists, bits, prefixes)
+	buildV4(&t, c, lists, bits, static, prefixes)
+	buildV6(&t, c, lists, bits, static, prefixes)
 	t.OverlayV4, t.OverlayV6 = Overlay(byName, ops)
 	return t
 }
 
-// unite makes the lists that share a bit (policy.ListUse) one list each,
-// their union, so that the sweeps walk at most a list per bit, however
-// many lists a policy names.
-func unite(lists []*policy.List, bits []uint64) ([]*policy.List, []uint64) {
-	of := map[uint64][]*policy.List{}
-	var order []uint64
+// unite makes the lists that share a bit or a static way (policy.ListUse)
+// one list each, their union, so that the sweeps walk a list per bit or
+// way, however many lists a policy names.
+func unite(lists []*policy.List, bits []uint64, static []uint32) ([]*policy.List, []uint64, []uint32) {
+	type way struct {
+		bit    uint64
+		static uint32
+	}
+	of := map[way][]*policy.List{}
+	var order []way
 	for i, l := range lists {
-		if of[bits[i]] == nil {
-			order = append(order, bits[i])
+		w := way{bits[i], static[i]}
+		if of[w] == nil {
+			order = append(order, w)
 		}
-		of[bits[i]] = append(of[bits[i]], l)
+		of[w] = append(of[w], l)
 	}
 	if len(order) == len(lists) {
-		return lists, bits
+		return lists, bits, static
 	}
 	out := make([]*policy.List, len(order))
-	for i, bit := range order {
-		ls := of[bit]
+	bits, static = make([]uint64, len(order)), make([]uint32, len(order))
+	for i, w := range order {
+		bits[i], static[i] = w.bit, w.static
+		ls := of[w]
 		if len(ls) == 1 {
 			out[i] = ls[0]
 			continue
@@ -270,7 +351,7 @@ func unite(lists []*policy.List, bits []uint64) ([]*policy.List, []uint64) {
 		u.V4, u.V6 = policy.MergeRanges4(u.V4), policy.MergeRanges6(u.V6)
 		out[i] = u
 	}
-	return out, order
+	return out, bits, static
 }
 
 func action(a policy.Action) uint8 {

@@ -3,6 +3,7 @@ package compile
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"runtime"
@@ -99,7 +100,7 @@ func TestTablesAgainstLists(t *testing.T) {
 			lists = append(lists, policy.NewList("l"+string(rune('a'+i)), ps))
 			bits = append(bits, 1<<i)
 		}
-		tb := BuildTables(lists, bits, nil)
+		tb := BuildTables(lists, bits, nil, nil)
 		bitmaps += tb.V4DenseBlocks()
 		tbl8s += len(tb.V4Tbl8s)
 		for k := 0; k < 20000; k++ {
@@ -249,7 +250,7 @@ func TestAggregation(t *testing.T) {
 		ps = append(ps, netip.PrefixFrom(netip.AddrFrom16(b), 44))
 	}
 	ps = append(ps, netip.MustParsePrefix("2001:db9::/48"), netip.MustParsePrefix("2001:db9:1::/48")) // siblings: one /47
-	tb := BuildTables([]*policy.List{policy.NewList("country", ps)}, []uint64{1}, nil)
+	tb := BuildTables([]*policy.List{policy.NewList("country", ps)}, []uint64{1}, nil, nil)
 	if n := tb.V6Prefixes(); n != 2 {
 		t.Errorf("%d IPv6 prefixes in the tables, want 2 (2001:db8::/32 and 2001:db9::/47)", n)
 	}
@@ -340,7 +341,7 @@ func TestHotLength(t *testing.T) {
 		for range 2_000 {
 			more = append(more, netip.PrefixFrom(policy.U128{Hi: rng.Uint64()>>3 | 1<<61, Lo: rng.Uint64()}.Addr(), int(want)).Masked())
 		}
-		tb := BuildTables([]*policy.List{policy.NewList("l", more)}, []uint64{1}, nil)
+		tb := BuildTables([]*policy.List{policy.NewList("l", more)}, []uint64{1}, nil, nil)
 		if tb.V6HotLen != want {
 			t.Errorf("hot length %d, want /%d", tb.V6HotLen, want)
 		}
@@ -357,7 +358,7 @@ func TestV6WideAndNarrow(t *testing.T) {
 		policy.NewList("narrow", []netip.Prefix{netip.MustParsePrefix("2001:db8::/32"), netip.MustParsePrefix("2001:db9::1/128"),
 			netip.MustParsePrefix("2001:1234::/32")}),
 	}
-	tb := BuildTables(lists, []uint64{1, 2, 4}, nil)
+	tb := BuildTables(lists, []uint64{1, 2, 4}, nil, nil)
 	blocks := map[uint32]abi.V6Block{}
 	for _, b := range tb.V6Blocks {
 		for _, s := range b.Slot {
@@ -411,7 +412,7 @@ func TestV6LongOnly(t *testing.T) {
 			lists = append(lists, policy.NewList("l"+string(rune('a'+i)), ps))
 			bits = append(bits, 1<<i)
 		}
-		tb := BuildTables(lists, bits, nil)
+		tb := BuildTables(lists, bits, nil, nil)
 		if len(tb.V6Short) == 0 || len(tb.V6Long) == 0 {
 			t.Fatalf("%d lists: no table of prefixes past /24", n)
 		}
@@ -454,5 +455,73 @@ func TestHashRulesAsWritten(t *testing.T) {
 	}
 	if !bytes.Equal(b.Bytes(), AsBytes(rules)) {
 		t.Fatalf("abi.Rule in memory (%d bytes) is not as binary.Write writes it (%d bytes): padding in the layout?", len(AsBytes(rules)), b.Len())
+	}
+}
+
+// TestStaticWays compares the classes of random lists, some of static ways
+// (no bit; two may share a way), with List.Contains: a class's mask says
+// the lists with a bit, its set of ways the static ones, and ClassUnmasked
+// marks a class with static lists. Lists share prefixes, exactly, so that
+// one prefix comes from several lists.
+func TestStaticWays(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for round := range 30 {
+		var pool []netip.Prefix
+		for range 60 {
+			a := policy.UintToV4(0x0a000000 | rng.Uint32()&0x0003ffff)
+			pool = append(pool, netip.PrefixFrom(a, []int{14, 20, 24, 25, 30, 32, 32}[rng.IntN(7)]).Masked())
+			var b [16]byte
+			b[0], b[1], b[2], b[15] = 0x20, 1, byte(rng.IntN(4)), byte(rng.IntN(256))
+			pool = append(pool, netip.PrefixFrom(netip.AddrFrom16(b), []int{16, 24, 32, 64, 120, 126, 128, 128}[rng.IntN(8)]).Masked())
+		}
+		var lists []*policy.List
+		var bits []uint64
+		var static []uint32
+		for i := range 3 + rng.IntN(6) {
+			var ps []netip.Prefix
+			for range 1 + rng.IntN(20) {
+				ps = append(ps, pool[rng.IntN(len(pool))])
+			}
+			lists = append(lists, policy.NewList(fmt.Sprintf("l%d", i), ps))
+			if rng.IntN(2) == 0 {
+				bits, static = append(bits, 1<<i), append(static, 0)
+			} else {
+				bits, static = append(bits, 0), append(static, uint32(1+rng.IntN(3)))
+			}
+		}
+		tb := BuildTables(lists, bits, static, nil)
+		check := func(a netip.Addr, cls uint32) {
+			var mask uint64
+			var ways []uint32
+			for i, l := range lists {
+				if l.Contains(a) {
+					mask |= bits[i]
+					if static[i] != 0 {
+						ways = append(ways, static[i])
+					}
+				}
+			}
+			slices.Sort(ways)
+			ways = slices.Compact(ways)
+			got, set := tb.Classes[cls], tb.sets.sets[tb.classStatic[cls]]
+			if got&^ClassUnmasked != mask || !slices.Equal(set, ways) || (got&ClassUnmasked != 0) != (len(ways) > 0) {
+				t.Fatalf("round %d: %s: class %d has mask %#x and ways %v; the lists say %#x and %v", round, a, cls, got, set, mask, ways)
+			}
+		}
+		for range 5000 {
+			p := pool[rng.IntN(len(pool))]
+			if p.Addr().Is4() {
+				a := policy.V4ToUint(p.Addr()) + uint32(rng.Uint64N(uint64(1)<<(32-p.Bits())+2)) - 1
+				check(policy.UintToV4(a), tb.class4(a, nil, func(string, int, int) {}))
+				continue
+			}
+			b := p.Addr().As16()
+			b[15] += byte(rng.IntN(3)) - 1
+			if rng.IntN(2) == 0 {
+				b[rng.IntN(16)] ^= byte(rng.IntN(256))
+			}
+			a := netip.AddrFrom16(b)
+			check(a, tb.class6(policy.U128Of(a), nil))
+		}
 	}
 }

@@ -59,8 +59,12 @@ type Tables struct {
 	// other one holding it, as the sweeps meet them. The classifier's,
 	// not the kernel's.
 	classPrefix, prefixParent []uint32
-	OverlayV4                 []OverlayEntry[abi.LPMKeyV4]
-	OverlayV6                 []OverlayEntry[abi.LPMKeyV6]
+	// classStatic: class id -> the set of static ways (policy.ListUse)
+	// holding its addresses, one of sets.
+	classStatic []uint32
+	sets        *staticSets
+	OverlayV4   []OverlayEntry[abi.LPMKeyV4]
+	OverlayV6   []OverlayEntry[abi.LPMKeyV6]
 }
 
 // Entry is one prefix and the bitmask of the lists holding it.

@@ -12,30 +12,33 @@ import (
 // classes numbers the distinct memberships both families meet; class 0 is
 // "in no list".
 type classes struct {
-	t  *Tables
-	of map[member]uint32
+	t    *Tables
+	of   map[member]uint32
+	sets *staticSets
 	// The last membership asked for: lists alternate between a few.
 	last      member
 	lastClass uint32
 }
 
-// member is a membership: the lists' mask, and the longest inline prefix
-// holding the addresses (its id; 0 for none).
+// member is a membership: the lists' mask, the longest inline prefix
+// holding the addresses (its id; 0 for none), and the static lists'
+// ways (a set of staticSets).
 type member struct {
 	mask   uint64
 	prefix uint32
+	static uint32
 }
 
-// ClassInPrefix is the top bit of a class's mask, no list's (abi.MaxLists
-// bits are theirs): the class is inside an inline prefix, which the mask
-// does not say, so that no eqs the overlay's masks are given (mask_eqs)
-// can be its own: an address of it the overlay changes is judged under
-// EQ_ANY, by the leaves.
-const ClassInPrefix = uint64(1) << abi.MaxLists
+// ClassUnmasked is the top bit of a class's mask, no list's (abi.MaxLists
+// bits are theirs): the class is inside an inline prefix or in static
+// lists, which the mask does not say, so that no eqs the overlay's masks
+// are given (mask_eqs) can be its own: an address of it the overlay
+// changes is judged under EQ_ANY, by the leaves.
+const ClassUnmasked = uint64(1) << abi.MaxLists
 
 func newClasses(t *Tables) *classes {
-	t.Classes, t.classPrefix = []uint64{0}, []uint32{0}
-	return &classes{t: t, of: map[member]uint32{{}: 0}}
+	t.Classes, t.classPrefix, t.classStatic = []uint64{0}, []uint32{0}, []uint32{0}
+	return &classes{t: t, of: map[member]uint32{{}: 0}, sets: newStaticSets()}
 }
 
 func (c *classes) class(m member) uint32 {
@@ -50,11 +53,12 @@ func (c *classes) class(m member) uint32 {
 		id = uint32(len(c.t.Classes))
 		c.of[m] = id
 		mask := m.mask
-		if m.prefix != 0 {
-			mask |= ClassInPrefix
+		if m.prefix != 0 || m.static != 0 {
+			mask |= ClassUnmasked
 		}
 		c.t.Classes = append(c.t.Classes, mask)
 		c.t.classPrefix = append(c.t.classPrefix, m.prefix)
+		c.t.classStatic = append(c.t.classStatic, m.static)
 	}
 	c.last, c.lastClass = m, id
 	return id
@@ -70,7 +74,7 @@ func (c *classes) class(m member) uint32 {
 // duplicate ranges, nested allow/deny lists and adjacency all come out of
 // the sweep merged. A /16 wholly in one class is one wide block. The
 // blocks then go into the cuckoo hashes.
-func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, prefixes []netip.Prefix) {
+func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, static []uint32, prefixes []netip.Prefix) {
 	segs := prefixSegments4(prefixes, t.prefixParent)
 	ranges := 0
 	for _, p := range prefixes {
@@ -87,13 +91,19 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, prefixe
 	// their cuckoo table to be laid out in place; grown by doubling, a
 	// million blocks would be copied twenty times over.
 	b.blocks = make([]abi.V4Block, 0, tableSlots(min(ranges, abi.V4Blocks), quadShape))
-	sweepV4(lists, bits, func(lo, hi uint32, mask uint64) {
+	sweep := sweepV4
+	if slices.ContainsFunc(static, func(w uint32) bool { return w != 0 }) {
+		sweep = func(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask uint64, static uint32)) {
+			sweepV4Ways(lists, bits, static, c.sets, emit)
+		}
+	}
+	sweep(lists, bits, func(lo, hi uint32, mask uint64, static uint32) {
 		for {
 			for segs[0].hi < lo {
 				segs = segs[1:]
 			}
 			end := min(hi, segs[0].hi)
-			b.segment(lo, end, member{mask, segs[0].id})
+			b.segment(lo, end, member{mask, segs[0].id, static})
 			if end == hi {
 				return
 			}
@@ -169,7 +179,7 @@ func prefixSegments4(prefixes []netip.Prefix, parent []uint32) []prefixSegment {
 
 // sweepV4 calls emit for consecutive address segments [lo, hi] whose list
 // mask differs from the previous segment's; addresses in no list are mask 0.
-func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask uint64)) {
+func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask uint64, static uint32)) {
 	next := make([]int, len(lists)) // per list, the first range not yet behind pos
 	var pos uint64
 	for pos <= 0xffffffff {
@@ -191,7 +201,84 @@ func sweepV4(lists []*policy.List, bits []uint64, emit func(lo, hi uint32, mask 
 				end = min(end, uint64(r.Lo))
 			}
 		}
-		emit(uint32(pos), uint32(end-1), mask)
+		emit(uint32(pos), uint32(end-1), mask, 0)
+		pos = end
+	}
+}
+
+// sweepV4Ways is sweepV4 for lists of static ways too (static[i], 0 for
+// a list with a bit), which have no bit to OR: it merges the lists' range
+// bounds in address order through a heap, keeping the ways the current
+// address is in, so that it costs the bounds (times the log of the
+// lists), not lists times segments, for the thousands of lists static
+// ways come with.
+func sweepV4Ways(lists []*policy.List, bits []uint64, static []uint32, sets *staticSets, emit func(lo, hi uint32, mask uint64, static uint32)) {
+	type bound struct {
+		at   uint64 // the list's next bound: its range's first address, or the one past its last
+		list int
+	}
+	var h []bound // a binary heap by at
+	push := func(b bound) {
+		h = append(h, b)
+		for i := len(h) - 1; i > 0 && h[i].at < h[(i-1)/2].at; i = (i - 1) / 2 {
+			h[i], h[(i-1)/2] = h[(i-1)/2], h[i]
+		}
+	}
+	pop := func() bound {
+		top := h[0]
+		h[0] = h[len(h)-1]
+		h = h[:len(h)-1]
+		for i := 0; ; {
+			least := i
+			for _, c := range []int{2*i + 1, 2*i + 2} {
+				if c < len(h) && h[c].at < h[least].at {
+					least = c
+				}
+			}
+			if least == i {
+				return top
+			}
+			h[i], h[least] = h[least], h[i]
+			i = least
+		}
+	}
+	next := make([]int, len(lists)) // per list, its range being entered or left
+	inside := make([]bool, len(lists))
+	for i, l := range lists {
+		if len(l.V4) > 0 {
+			push(bound{uint64(l.V4[0].Lo), i})
+		}
+	}
+	var mask uint64
+	var ways []uint32 // sorted
+	for pos := uint64(0); pos <= 0xffffffff; {
+		for len(h) > 0 && h[0].at == pos {
+			i := pop().list
+			r := lists[i].V4[next[i]]
+			w := static[i]
+			if inside[i] = !inside[i]; inside[i] {
+				mask |= bits[i]
+				if w != 0 {
+					k, _ := slices.BinarySearch(ways, w)
+					ways = slices.Insert(ways, k, w)
+				}
+				push(bound{uint64(r.Hi) + 1, i})
+				continue
+			}
+			mask &^= bits[i]
+			if w != 0 {
+				k, _ := slices.BinarySearch(ways, w)
+				ways = slices.Delete(ways, k, k+1)
+			}
+			if next[i]++; next[i] < len(lists[i].V4) {
+				push(bound{uint64(lists[i].V4[next[i]].Lo), i})
+			}
+		}
+		end := uint64(1) << 32
+		if len(h) > 0 {
+			end = h[0].at
+		}
+		emit(uint32(pos), uint32(end-1), mask, sets.id(ways))
 		pos = end
 	}
 }

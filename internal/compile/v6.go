@@ -22,7 +22,7 @@ import (
 // The prefixes stream from the lists' ranges in address order and are
 // never held all at once: a first pass counts them by kind, so each table's
 // entries are allocated once (ten million prefixes are hundreds of MB).
-func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefixes []netip.Prefix) {
+func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, static []uint32, prefixes []netip.Prefix) {
 	// nBlocks bounds the blocks of prefixes past /24: a list's prefixes
 	// come in address order, so its blocks are counted once each (lists
 	// that share blocks count them again); an inline prefix counts one.
@@ -76,8 +76,8 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, prefix
 	}
 	lens := make([]abi.V6Block, 0, room)
 	wide := make([]blockMark, 0, nWide)
-	eachClosed(lists, masks, prefixes, t.prefixParent, func(e entry6) {
-		cls := c.class(member{e.mask, e.prefix})
+	eachClosed(lists, masks, static, c.sets, prefixes, t.prefixParent, func(e entry6) {
+		cls := c.class(member{e.mask, e.prefix, e.static})
 		blk := uint32(e.first.Hi >> 40)
 		if e.len <= 24 {
 			for b := blk; b <= blk|(1<<(24-e.len)-1); b++ {
@@ -153,13 +153,15 @@ func mergeBlocks(lens []abi.V6Block, wide []blockMark) []abi.V6Block {
 	return blocks
 }
 
-// entry6 is a prefix (its first address and length), its list mask and
-// the longest inline prefix holding it (its id, 0 for none).
+// entry6 is a prefix (its first address and length), its list mask, the
+// longest inline prefix holding it (its id, 0 for none) and its static
+// lists' ways (a set of staticSets).
 type entry6 struct {
 	first  policy.U128
 	len    uint8
 	mask   uint64
 	prefix uint32
+	static uint32
 }
 
 func (e entry6) contains(a policy.U128) bool {
@@ -179,7 +181,7 @@ type blockMark struct {
 // nothing to its nearest ancestor is left out), and notes each inline
 // prefix's parent: a merge of the lists' covers, each in order already,
 // with a stack of the prefixes containing the current one.
-func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, parent []uint32, emit func(entry6)) {
+func eachClosed(lists []*policy.List, masks []uint64, static []uint32, sets *staticSets, prefixes []netip.Prefix, parent []uint32, emit func(entry6)) {
 	var stack []entry6
 	closed := func(e entry6) {
 		for len(stack) > 0 && !stack[len(stack)-1].contains(e.first) {
@@ -187,10 +189,12 @@ func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, p
 		}
 		if len(stack) > 0 {
 			up := stack[len(stack)-1]
-			if e.mask|up.mask == up.mask && e.prefix == 0 {
+			ways := sets.union(e.static, up.static)
+			if e.mask|up.mask == up.mask && ways == up.static && e.prefix == 0 {
 				return
 			}
 			e.mask |= up.mask
+			e.static = ways
 			if e.prefix == 0 {
 				e.prefix = up.prefix
 			} else {
@@ -202,7 +206,11 @@ func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, p
 	}
 	var m coverMerge
 	for i, l := range lists {
-		m.add(&coverStream{rs: l.V6, mask: masks[i]})
+		s := &coverStream{rs: l.V6, mask: masks[i]}
+		if static != nil && static[i] != 0 {
+			s.static = sets.id([]uint32{static[i]})
+		}
+		m.add(s)
 	}
 	for i, p := range prefixes {
 		if p.Addr().Is6() {
@@ -215,6 +223,7 @@ func eachClosed(lists []*policy.List, masks []uint64, prefixes []netip.Prefix, p
 		e, more := m.next()
 		for more && e.first == cur.first && e.len == cur.len {
 			cur.mask |= e.mask
+			cur.static = sets.union(cur.static, e.static)
 			cur.prefix = max(cur.prefix, e.prefix) // one inline prefix at most
 			e, more = m.next()
 		}
@@ -229,6 +238,7 @@ type coverStream struct {
 	lo     policy.U128
 	mask   uint64
 	prefix uint32
+	static uint32
 	head   entry6 // the prefix next() gave last
 }
 
@@ -240,7 +250,7 @@ func (s *coverStream) next() bool {
 		s.lo = s.rs[0].Lo
 	}
 	length, last := policy.CoverStep(s.lo, s.rs[0].Hi, 128)
-	s.head = entry6{s.lo, uint8(length), s.mask, s.prefix}
+	s.head = entry6{s.lo, uint8(length), s.mask, s.prefix, s.static}
 	if last.Cmp(s.rs[0].Hi) >= 0 {
 		s.rs = s.rs[1:]
 	} else {

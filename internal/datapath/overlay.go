@@ -298,7 +298,7 @@ func (m TableMaps) addLengths(add [2]abi.OverlayLengths) error {
 // makes: a mask some address class has takes that class's eqs. A mask no
 // class has stays unknown, and its addresses are judged under EQ_ANY, by the
 // leaves: correct, only slower. So do the masks of classes inside an inline
-// prefix (compile.ClassInPrefix), whose eqs the mask does not decide.
+// prefix (compile.ClassUnmasked), whose eqs the mask does not decide.
 // Entries are only ever added: a mask's eqs are fixed for the life of the
 // objects.
 func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compile.OverlayEntry[abi.LPMKeyV6]) error {
@@ -322,14 +322,14 @@ func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 	}
 	known := make(map[uint64]abi.ClassEqs, len(masks))
 	for c, m := range masks {
-		if c < len(eqs) && m&compile.ClassInPrefix == 0 {
+		if c < len(eqs) && m&compile.ClassUnmasked == 0 {
 			known[m] = eqs[c]
 		}
 	}
 	for d := range deltas {
 		for _, m := range masks {
 			after := m&^d.Clear | d.Set
-			if after&compile.ClassInPrefix != 0 {
+			if after&compile.ClassUnmasked != 0 {
 				continue
 			}
 			e, ok := known[after]

@@ -178,7 +178,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	}
 	folded := foldOps(ops, pols, req.Fold)
 	for _, pol := range pols {
-		if err := removalsFit(pol); err != nil {
+		if err := liveChangesFit(pol); err != nil {
 			return nil, fmt.Errorf("apply %s: %w", pol.File, err)
 		}
 	}

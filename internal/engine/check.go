@@ -10,8 +10,9 @@ import (
 type CheckReport struct {
 	Rules         int            `json:"rules"`
 	Lists         []ListReport   `json:"lists"`
-	ListBits      int            `json:"list_bits"`   // of the membership mask's policy.MaxLists
-	BitsShared    bool           `json:"bits_shared"` // lists the same rules name share a bit (policy.ListUse)
+	ListBits      int            `json:"list_bits"`    // of the membership mask's policy.MaxLists
+	BitsShared    bool           `json:"bits_shared"`  // lists the same rules name share a bit (policy.ListUse)
+	StaticLists   int            `json:"static_lists"` // lists past the ways that take bits: no in-place changes
 	Entries       int            `json:"entries"`
 	SkippedLines  int            `json:"skipped_lines"`
 	V4SplitBlocks int            `json:"v4_split_blocks"`
@@ -64,9 +65,13 @@ func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 	}
 	bits := map[uint64]bool{}
 	for _, b := range img.Lists {
-		bits[b] = true
+		if b != 0 {
+			bits[b] = true
+		} else {
+			r.StaticLists++
+		}
 	}
-	r.ListBits, r.BitsShared = len(bits), len(bits) < len(img.Lists)
+	r.ListBits, r.BitsShared = len(bits), len(bits) < len(img.Lists)-r.StaticLists
 	if r.Warnings == nil {
 		r.Warnings = []policy.Error{}
 	}

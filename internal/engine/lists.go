@@ -169,10 +169,14 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		}
 		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)%s", c.List, fw.inNetns(), strings.Join(known, ", "), hint)
 	}
-	if !c.Add {
-		if others, err := fw.sharingBit(c.List); err != nil || len(others) > 0 {
-			return nil, errors.Join(err, removalShared(c.List, others))
-		}
+	others, static, err := fw.bitUse(c.List)
+	switch {
+	case err != nil:
+		return nil, err
+	case static:
+		return nil, staticList(c.List)
+	case !c.Add && len(others) > 0:
+		return nil, removalShared(c.List, others)
 	}
 	for _, u := range users {
 		for _, p := range c.Prefixes {
@@ -226,8 +230,8 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 // RestoreChanges puts back live changes kept elsewhere (the daemon keeps
 // them across reboots, when /run is empty): the unexpired ones of lists
 // an applied policy uses that the namespace does not hold already, but
-// removals from a list whose bit others share now, which it reports in
-// its error. The caller expires them (ServeExpiry). It returns how many
+// removals from a list whose bit others share now and changes to a list
+// without a bit, which it reports in its error. The caller expires them (ServeExpiry). It returns how many
 // it restored.
 func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 	unlock, err := fw.lockVisible()
@@ -253,8 +257,12 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 		held[keyOf(o)] = true
 	}
 	used := map[string]bool{}
-	shared := map[string][]string{} // by list, the lists sharing its bit
-	var refused []policy.ListOp     // removals from such lists
+	type bitUse struct {
+		others []string // the lists sharing its bit
+		static bool
+	}
+	uses := map[string]bitUse{} // by list
+	var refused []policy.ListOp // removals from lists sharing a bit, changes to static ones
 	touched, n := map[string]bool{}, 0
 	seq, err := fw.nextSeqOf(ops)
 	if err != nil {
@@ -270,18 +278,16 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 		if !inUse || held[keyOf(op)] {
 			continue
 		}
-		if !op.Add {
-			others, checked := shared[op.List]
-			if !checked {
-				if others, err = fw.sharingBit(op.List); err != nil {
-					return 0, err
-				}
-				shared[op.List] = others
+		use, checked := uses[op.List]
+		if !checked {
+			if use.others, use.static, err = fw.bitUse(op.List); err != nil {
+				return 0, err
 			}
-			if len(others) > 0 {
-				refused = append(refused, op)
-				continue
-			}
+			uses[op.List] = use
+		}
+		if use.static || !op.Add && len(use.others) > 0 {
+			refused = append(refused, op)
+			continue
 		}
 		held[keyOf(op)] = true
 		op.Seq, seq = seq, seq+1 // a new change here: nothing folded it
@@ -296,7 +302,12 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 	}
 	var notRestored error
 	if len(refused) > 0 {
-		notRestored = fmt.Errorf("%d removals not restored, the first %s from %s: %w", len(refused), refused[0].Prefix, refused[0].List, removalShared(refused[0].List, shared[refused[0].List]))
+		first := refused[0]
+		why := removalShared(first.List, uses[first.List].others)
+		if uses[first.List].static {
+			why = staticList(first.List)
+		}
+		notRestored = fmt.Errorf("%d changes not restored, the first %s from %s: %w", len(refused), first.Prefix, first.List, why)
 	}
 	if n == 0 {
 		return 0, notRestored
@@ -348,23 +359,26 @@ type listUser struct {
 	info ListInfo
 }
 
-// sharingBit are the other lists whose bit of the membership mask is
-// list's (policy.ListUse) in a generation a hook runs or may go back to
-// (an unconfirmed apply's previous one, whose overlay the rollback makes
-// from the live changes), sorted.
-func (fw *Firewall) sharingBit(list string) ([]string, error) {
-	var others []string
-	err := fw.eachHook(func(h Hook, st *hookState) error {
+// bitUse is how list takes the membership mask (policy.ListUse) in the
+// generations a hook runs or may go back to (an unconfirmed apply's
+// previous one, whose overlay the rollback makes from the live changes):
+// the other lists whose bit is its, sorted, in the first generation where
+// some are; and whether it has no bit in one (a static way's list).
+func (fw *Firewall) bitUse(list string) (others []string, static bool, err error) {
+	err = fw.eachHook(func(h Hook, st *hookState) error {
 		gens := []int{fw.newest(h, st)}
 		if st.pending != nil && st.pending.Previous != 0 {
 			gens = append(gens, st.pending.Previous)
 		}
 		for _, n := range gens {
-			if len(others) > 0 {
-				break
-			}
 			g, err := fw.readGen(h, n)
 			if err != nil || g == nil {
+				continue
+			}
+			if info, ok := g.Lists[list]; ok && info.Bit == 0 {
+				static = true
+			}
+			if len(others) > 0 {
 				continue
 			}
 			bits := make(map[string]uint64, len(g.Lists))
@@ -375,7 +389,7 @@ func (fw *Firewall) sharingBit(list string) ([]string, error) {
 		}
 		return nil
 	})
-	return others, err
+	return others, static, err
 }
 
 func sharing(bits map[string]uint64, list string) []string {
@@ -393,10 +407,17 @@ func sharing(bits map[string]uint64, list string) []string {
 	return out
 }
 
-// removalsFit refuses pol when an in-place removal it carries over from
-// the live changes is from a list whose bit other lists share.
-func removalsFit(pol *policy.Policy) error {
-	bits := pol.ListUse().Bits()
+// liveChangesFit refuses pol when it would not enforce an in-place change
+// it carries over from the live changes: a change to a list without a bit,
+// or a removal from a list whose bit other lists share.
+func liveChangesFit(pol *policy.Policy) error {
+	use := pol.ListUse()
+	for name := range use.Static() {
+		if l := pol.Lists[name]; l != nil && len(l.Ops) > 0 {
+			return fmt.Errorf("%w; it holds %d in-place changes, which this policy would not enforce: revert them (rampart list revert %s) or put them in its file first", staticList(name), len(l.Ops), name)
+		}
+	}
+	bits := use.Bits()
 	for name := range bits {
 		l := pol.Lists[name]
 		if l == nil || !slices.ContainsFunc(l.Ops, func(op policy.ListOp) bool { return !op.Add }) {
@@ -407,6 +428,13 @@ func removalsFit(pol *policy.Policy) error {
 		}
 	}
 	return nil
+}
+
+// staticList refuses an in-place change to a list without a bit of the
+// membership mask: its addresses' classes say they are in it, and a
+// class is every address of the class.
+func staticList(list string) error {
+	return fmt.Errorf("list %q takes no in-place changes: its policy names lists in more than %d ways, and only the lists of the first %d ways its rules name take a bit of the membership mask, which in-place changes set and clear; change the list's file and apply, or name it in an earlier rule", list, policy.MaxLists, policy.MaxLists)
 }
 
 // removalShared refuses an in-place removal from a list whose bit other

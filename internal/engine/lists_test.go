@@ -231,7 +231,7 @@ func TestSharedListBits(t *testing.T) {
 
 	// Saved changes restored: the addition, not the removal.
 	saved := []policy.ListOp{{List: "c57", Prefix: host, Add: true}, {List: "c9", Prefix: netip.MustParsePrefix("198.51.100.9/32")}}
-	if n, err := fw.RestoreChanges(saved); n != 1 || err == nil || !strings.Contains(err.Error(), "1 removals not restored") {
+	if n, err := fw.RestoreChanges(saved); n != 1 || err == nil || !strings.Contains(err.Error(), "1 changes not restored") {
 		t.Errorf("restore: %d, %v: want the addition restored, the removal refused", n, err)
 	}
 	step("a restored addition", 0)
@@ -264,4 +264,88 @@ func TestSharedListBits(t *testing.T) {
 	if g := hookStatus(t, fw)[0].Generation; g != gen {
 		t.Errorf("generation %d after the refused apply, was %d", g, gen)
 	}
+}
+
+// TestStaticLists: past policy.MaxLists ways of naming lists, the lists of
+// the later ways take no bit; real datagrams through a veth pair show the
+// class's row deciding, alone and beside an in-place change to a list
+// with a bit, and that no in-place change to a static list is taken, live
+// or carried over by an apply.
+func TestStaticLists(t *testing.T) {
+	p, fw := firewallOnPair(t)
+	a, _ := netip.AddrFromSlice(p.A4.To4())
+	host := netip.PrefixFrom(a, 32)
+	policyOf := func(staticHoldsA, staticFirst bool) *policy.Policy {
+		var lists, rules []string
+		for i := range policy.MaxLists + 7 {
+			hosts := fmt.Sprintf("198.51.100.%d/32", i)
+			if i == policy.MaxLists+6 && staticHoldsA {
+				hosts += ", " + host.String()
+			}
+			lists = append(lists, fmt.Sprintf("  c%d: {prefixes: [%s]}\n", i, hosts))
+			// c3's rule takes no datagram of A's (port 9300): an
+			// address the overlay adds to c3 keeps its other lists.
+			port := ""
+			if i == 3 {
+				port = ", dport: 7"
+			}
+			rules = append(rules, fmt.Sprintf("  - {name: d%d, src: c%d%s, action: drop}\n", i, i, port))
+		}
+		if staticFirst {
+			last := len(rules) - 1
+			rules = append(rules[last:], rules[:last]...)
+		}
+		pol := parse(t, t.TempDir(), "p.yaml", "lists:\n"+strings.Join(lists, "")+"rules:\n"+strings.Join(rules, ""))
+		if st := pol.ListUse().Static(); staticFirst == (st["c69"] != 0) || len(st) != 7 {
+			t.Fatalf("the static lists: %v; want 7, c69 among them: %v", st, !staticFirst)
+		}
+		return pol
+	}
+	mustApply(t, fw, policyOf(true, false), p.IfB)
+	step := fromA(t, p)
+	step("A in the static list c69", 0)
+	if _, err := fw.ChangeList(ListChange{List: "c3", Prefixes: []netip.Prefix{host}, Add: true}); err != nil {
+		t.Fatal(err)
+	}
+	step("A in c69 and added to c3", 0)
+	_, err := fw.ChangeList(ListChange{List: "c69", Prefixes: []netip.Prefix{host}})
+	if err == nil || !strings.Contains(err.Error(), `list "c69" takes no in-place changes`) {
+		t.Errorf("a removal from a static list: %v", err)
+	}
+	step("A's removal from c69 refused", 0)
+	if _, err := fw.RevertList("", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	mustApply(t, fw, policyOf(false, false), p.IfB)
+	step("A in no list", 50)
+	if _, err := fw.ChangeList(ListChange{List: "c69", Prefixes: []netip.Prefix{host}, Add: true}); err == nil || !strings.Contains(err.Error(), "takes no in-place changes") {
+		t.Errorf("an addition to a static list: %v", err)
+	}
+	step("A's addition to c69 refused", 50)
+	saved := []policy.ListOp{{List: "c69", Prefix: host, Add: true}, {List: "c5", Prefix: host, Add: true}}
+	if n, err := fw.RestoreChanges(saved); n != 1 || err == nil || !strings.Contains(err.Error(), "1 changes not restored, the first "+host.String()+" from c69") {
+		t.Errorf("restore: %d, %v: want c5's restored, c69's refused", n, err)
+	}
+	step("A restored into c5", 0)
+	if _, err := fw.RevertList("", nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// c69 named first takes a bit and a live change; the policy where it
+	// would take none is refused while the change is live.
+	mustApply(t, fw, policyOf(false, true), p.IfB)
+	if _, err := fw.ChangeList(ListChange{List: "c69", Prefixes: []netip.Prefix{host}, Add: true}); err != nil {
+		t.Fatal(err)
+	}
+	step("A added to c69, a list with a bit", 0)
+	gen := hookStatus(t, fw)[0].Generation
+	_, err = fw.Apply(ApplyRequest{Policy: policyOf(false, false), Ifaces: []string{p.IfB}})
+	if err == nil || !strings.Contains(err.Error(), `list "c69" takes no in-place changes`) {
+		t.Errorf("an apply making a list with a live change static: %v", err)
+	}
+	if g := hookStatus(t, fw)[0].Generation; g != gen {
+		t.Errorf("generation %d after the refused apply, was %d", g, gen)
+	}
+	step("A still dropped", 0)
 }

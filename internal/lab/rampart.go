@@ -79,6 +79,6 @@ func (f *Traffic) TableBytes() uint64 {
 			v6 = append(v6, policy.PrefixRange6(p))
 		}
 	}
-	t := compile.BuildTables([]*policy.List{policy.BuildList("flood", v4, v6)}, []uint64{1}, nil)
+	t := compile.BuildTables([]*policy.List{policy.BuildList("flood", v4, v6)}, []uint64{1}, nil, nil)
 	return t.KernelBytes()
 }

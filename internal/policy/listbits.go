@@ -2,20 +2,26 @@ package policy
 
 import (
 	crand "crypto/rand"
+	"fmt"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/rampart-fw/rampart/internal/abi"
 )
 
 // ListUse is how a policy's rules name the lists that entries check by
-// membership (SplitSide's masked lists), each of which needs a bit of the
-// data plane's 64-bit membership mask (bpf/common.h). Up to MaxLists
-// lists take a bit each, in the order rules first name them. Past that,
-// lists that exactly the same rule sides name share one: an entry tests
-// its side's lists together (any of their bits), so to every entry such
-// lists are one list, their union. A policy then names any number of
-// lists in at most MaxLists distinct ways (a rule naming 250 country
-// lists takes one bit). A shared bit takes in-place additions, which set
-// it, but no removals, which would clear it for the other lists too.
+// membership (SplitSide's masked lists). Up to MaxLists lists take a bit
+// each of the data plane's 64-bit membership mask (bpf/common.h), in the
+// order rules first name them. Past that, lists that exactly the same rule
+// sides name are one *way*: an entry tests its side's lists together (any
+// of their bits), so to every entry they are one list, their union, and
+// they share a bit (a rule naming 250 country lists takes one). The first
+// MaxLists ways rules name take a bit each; the rest are *static*: they
+// take no bit, and entries check them by a bit of the address class's row
+// (Static). A shared bit takes in-place additions, which set it, but no
+// removals, which would clear it for the other lists too; a static list
+// takes no in-place change at all, as a change to a class's row would be a
+// change to every address of the class.
 //
 // A side is told by a random 128-bit key, and a list's signature is the
 // XOR of the keys of the sides naming it, as the classifier's eqs are:
@@ -28,13 +34,34 @@ type ListUse struct {
 	sig   map[string][2]uint64 // list -> XOR of its sides' keys
 	ways  map[[2]uint64]int    // signature -> lists that have it
 	keys  [][2]uint64          // by side, in the order sides were counted
-	rng   *rand.ChaCha8
+	// A side's lists are told by the XOR of the lists' own keys: a
+	// static side takes a bit of the rows (bpf/common.h's MAX_ROW_BITS).
+	listKey map[string][2]uint64
+	sides   map[[2]uint64]int // the lists of a side -> sides naming them
+	rng     *rand.ChaCha8
 }
+
+// MaxListWays bounds the ways a policy names lists in: a static side's
+// entries read the address class's row, MaxListWays bits at most, so
+// that a row is a few cache lines.
+const MaxListWays = 4096
 
 func NewListUse() *ListUse {
 	var seed [32]byte
 	crand.Read(seed[:]) // never fails (crypto/rand)
-	return &ListUse{sig: map[string][2]uint64{}, ways: map[[2]uint64]int{}, rng: rand.NewChaCha8(seed)}
+	return &ListUse{sig: map[string][2]uint64{}, ways: map[[2]uint64]int{}, listKey: map[string][2]uint64{}, sides: map[[2]uint64]int{},
+		rng: rand.NewChaCha8(seed)}
+}
+
+// Fits says why the lists do not fit the data plane, or nil.
+func (u *ListUse) Fits() error {
+	if u.Ways() > MaxListWays {
+		return fmt.Errorf("rules refer to %d distinct lists in %d distinct ways; at most %d ways are supported (lists that exactly the same rules name count once, inline prefixes take none, and a list takes any number of files)", u.Lists(), u.Ways(), MaxListWays)
+	}
+	if u.Ways() > MaxLists && len(u.sides) > abi.MaxRowBits {
+		return fmt.Errorf("rules name %d distinct sets of lists; with lists named in more than %d ways, at most %d are supported", len(u.sides), MaxLists, abi.MaxRowBits)
+	}
+	return nil
 }
 
 // Add counts rule r's sides, and returns what undoes that: undos go in
@@ -46,6 +73,7 @@ func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
 		key  [2]uint64
 	}
 	var done []named
+	var sideLists [][2]uint64
 	for _, a := range r.Alternatives() {
 		src, _ := SplitSide(a.Src, a.SrcBits, lists)
 		dst, _ := SplitSide(a.Dst, a.DstBits, lists)
@@ -55,23 +83,35 @@ func (u *ListUse) Add(r *Rule, lists map[string]*List) (undo func()) {
 			}
 			key := [2]uint64{u.rng.Uint64(), u.rng.Uint64()}
 			u.keys = append(u.keys, key)
+			var lists [2]uint64
 			for _, name := range distinct(side) {
 				if _, ok := u.sig[name]; !ok {
 					u.order = append(u.order, name)
 					u.ways[[2]uint64{}]++
+					u.listKey[name] = [2]uint64{u.rng.Uint64(), u.rng.Uint64()}
 				}
 				u.xor(name, key)
 				done = append(done, named{name, key})
+				k := u.listKey[name]
+				lists = [2]uint64{lists[0] ^ k[0], lists[1] ^ k[1]}
 			}
+			u.sides[lists]++
+			sideLists = append(sideLists, lists)
 		}
 	}
 	return func() {
 		for _, d := range slices.Backward(done) {
 			u.xor(d.list, d.key)
 		}
+		for _, l := range sideLists {
+			if u.sides[l]--; u.sides[l] == 0 {
+				delete(u.sides, l)
+			}
+		}
 		for _, name := range u.order[order:] {
 			u.forget(u.sig[name])
 			delete(u.sig, name)
+			delete(u.listKey, name)
 		}
 		u.order, u.keys = u.order[:order], u.keys[:sides]
 	}
@@ -108,9 +148,9 @@ func (u *ListUse) forget(sig [2]uint64) {
 	}
 }
 
-// Need is how many bits the lists need: one a list up to MaxLists, else
-// one a signature.
-func (u *ListUse) Need() int {
+// Ways is how many ways the lists are named in: one a list up to
+// MaxLists lists, else one a signature. At most MaxListWays fit a policy.
+func (u *ListUse) Ways() int {
 	if len(u.order) <= MaxLists {
 		return len(u.order)
 	}
@@ -121,8 +161,8 @@ func (u *ListUse) Need() int {
 func (u *ListUse) Lists() int { return len(u.order) }
 
 // Bits are the lists' bits, in the order rules first name them (of lists,
-// or of signatures past MaxLists lists); past MaxLists signatures, those
-// beyond take none (0), and Need says the policy does not fit.
+// or of ways past MaxLists lists); past MaxLists ways, the lists of those
+// beyond take none (0): Static numbers them.
 func (u *ListUse) Bits() map[string]uint64 {
 	bits := make(map[string]uint64, len(u.order))
 	if len(u.order) <= MaxLists {
@@ -131,17 +171,44 @@ func (u *ListUse) Bits() map[string]uint64 {
 		}
 		return bits
 	}
-	of := map[[2]uint64]uint64{}
-	for _, name := range u.order {
-		s := u.sig[name]
-		b, ok := of[s]
-		if !ok {
-			if len(of) < MaxLists {
-				b = 1 << len(of)
-			}
-			of[s] = b
+	for name, way := range u.numbered() {
+		if way < MaxLists {
+			bits[name] = 1 << way
+		} else {
+			bits[name] = 0
 		}
-		bits[name] = b
 	}
 	return bits
+}
+
+// Static numbers, from 1, the ways past the first MaxLists (those
+// without a bit), by list; nil when every list has a bit.
+func (u *ListUse) Static() map[string]uint32 {
+	if len(u.order) <= MaxLists || len(u.ways) <= MaxLists {
+		return nil
+	}
+	static := map[string]uint32{}
+	for name, way := range u.numbered() {
+		if way >= MaxLists {
+			static[name] = uint32(way - MaxLists + 1)
+		}
+	}
+	return static
+}
+
+// numbered numbers the ways from 0 in the order rules first name them, by
+// list.
+func (u *ListUse) numbered() map[string]int {
+	of := make(map[[2]uint64]int, len(u.ways))
+	out := make(map[string]int, len(u.order))
+	for _, name := range u.order {
+		s := u.sig[name]
+		w, ok := of[s]
+		if !ok {
+			w = len(of)
+			of[s] = w
+		}
+		out[name] = w
+	}
+	return out
 }

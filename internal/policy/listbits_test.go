@@ -37,8 +37,8 @@ func TestListBits(t *testing.T) {
 
 	u := pol("src: [c2, c1]", "dst: [c1, c3]").ListUse()
 	bits := u.Bits()
-	if u.Need() != 3 || bits["c2"] != 1 || bits["c1"] != 2 || bits["c3"] != 4 {
-		t.Errorf("three lists: %v, %d bits; want a bit each in the order named", bits, u.Need())
+	if u.Ways() != 3 || bits["c2"] != 1 || bits["c1"] != 2 || bits["c3"] != 4 {
+		t.Errorf("three lists: %v, %d bits; want a bit each in the order named", bits, u.Ways())
 	}
 
 	// A thousand lists: c0-c499 on one side (c7 twice), c500-c999 on two,
@@ -46,8 +46,8 @@ func TestListBits(t *testing.T) {
 	p := pol("src: "+strings.Replace(names(0, 500), "c7,", "c7, c7,", 1), "dst: "+names(500, 1000), "src: "+names(500, 1000)+", proto: udp", "dst: c999, proto: tcp")
 	u = p.ListUse()
 	bits = u.Bits()
-	if u.Need() != 3 || u.Lists() != 1000 {
-		t.Fatalf("%d lists in %d ways; want 1,000 in 3", u.Lists(), u.Need())
+	if u.Ways() != 3 || u.Lists() != 1000 {
+		t.Fatalf("%d lists in %d ways; want 1,000 in 3", u.Lists(), u.Ways())
 	}
 	for i := range 1000 {
 		want := uint64(1)
@@ -62,8 +62,8 @@ func TestListBits(t *testing.T) {
 		}
 	}
 
-	// Sixty-four ways are one too many; the undo of the rule that made
-	// them gives back the sixty-three.
+	// Sixty-four ways: the last takes no bit but a static way; the undo
+	// of the rule that made it gives back the sixty-three.
 	var rules []string
 	for i := range MaxLists {
 		rules = append(rules, "src: "+names(10*i, 10*i+10))
@@ -72,18 +72,18 @@ func TestListBits(t *testing.T) {
 	u = p.ListUse()
 	last := Rule{Src: []string{"c999"}}
 	undo := u.Add(&last, p.Lists)
-	if bits := u.Bits(); u.Need() != MaxLists+1 || bits["c999"] != 0 {
-		t.Errorf("%d ways: Need says %d, c999's bit %#x", MaxLists+1, u.Need(), bits["c999"])
+	if bits, static := u.Bits(), u.Static(); u.Ways() != MaxLists+1 || bits["c999"] != 0 || len(static) != 1 || static["c999"] != 1 || bits["c0"] != 1 {
+		t.Errorf("%d ways: Ways says %d, c999's bit %#x, the static lists %v", MaxLists+1, u.Ways(), bits["c999"], static)
 	}
 	undo()
 	again := Rule{Src: []string{"c0"}} // splits c0 from c1-c9
 	undo = u.Add(&again, p.Lists)
-	if u.Need() != MaxLists+1 {
-		t.Errorf("c0 named once more: %d ways, want %d", u.Need(), MaxLists+1)
+	if u.Ways() != MaxLists+1 {
+		t.Errorf("c0 named once more: %d ways, want %d", u.Ways(), MaxLists+1)
 	}
 	undo()
-	if bits := u.Bits(); u.Need() != MaxLists || u.Lists() != 10*MaxLists || bits["c999"] != 0 || bits["c0"] != 1 || bits["c629"] != 1<<62 {
-		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), u.Need())
+	if bits := u.Bits(); u.Ways() != MaxLists || u.Lists() != 10*MaxLists || bits["c999"] != 0 || bits["c0"] != 1 || bits["c629"] != 1<<62 || u.Static() != nil {
+		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), u.Ways())
 	}
 }
 

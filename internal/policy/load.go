@@ -163,8 +163,8 @@ func (p *parser) policy(root *yaml.Node) (*Policy, error) {
 	if err := p.rules(n.Content, pol); err != nil {
 		return nil, err
 	}
-	if _, use := pol.Usage(); use.Need() > MaxLists {
-		return nil, p.errf(root, "rules", "rules refer to %d distinct lists in %d distinct ways; at most %d ways are supported (lists that exactly the same rules name count once, inline prefixes take none, and a list takes any number of files)", use.Lists(), use.Need(), MaxLists)
+	if _, use := pol.Usage(); use.Fits() != nil {
+		return nil, p.errf(root, "rules", "%v", use.Fits())
 	}
 	if n := top["flowspec"]; n != nil {
 		if err := p.flowspec(n, pol); err != nil {

@@ -123,7 +123,7 @@ func TestTooManyRules(t *testing.T) {
 
 // TestManyPrefixes: inline prefixes take no list bit, alone on their side
 // or beside lists, so a policy names thousands; lists are held to
-// MaxLists, and a prefix beside lists takes entries of its own.
+// MaxListWays ways, and a prefix beside lists takes entries of its own.
 func TestManyPrefixes(t *testing.T) {
 	var b strings.Builder
 	b.WriteString("rules:\n")
@@ -149,17 +149,25 @@ func TestManyPrefixes(t *testing.T) {
 	if entries, masked := pol.Usage(); masked.Lists() != 1 || entries != 2000*3*2 {
 		t.Fatalf("2,000 rules of a list and two prefixes, two ports each: %d lists taking a bit, %d entries; want 1 and 12,000", masked.Lists(), entries)
 	}
-	b.Reset()
-	b.WriteString("lists:\n")
-	for i := range MaxLists + 1 {
-		fmt.Fprintf(&b, "  l%d: {prefixes: [10.0.%d.0/24]}\n", i, i)
+	// Lists named in more than MaxLists ways load, up to MaxListWays.
+	many := func(n int) error {
+		b.Reset()
+		b.WriteString("lists:\n")
+		for i := range n {
+			fmt.Fprintf(&b, "  l%d: {prefixes: [10.%d.%d.0/24]}\n", i, i>>8, i&0xff)
+		}
+		b.WriteString("rules:\n")
+		for i := range n {
+			fmt.Fprintf(&b, "  - {name: r%d, src: [l%d, 192.0.2.%d], action: drop}\n", i, i, i&0xff)
+		}
+		_, err := Parse("p.yaml", []byte(b.String()))
+		return err
 	}
-	b.WriteString("rules:\n")
-	for i := range MaxLists + 1 {
-		fmt.Fprintf(&b, "  - {name: r%d, src: [l%d, 192.0.2.%d], action: drop}\n", i, i, i)
+	if err := many(MaxLists + 1); err != nil {
+		t.Fatalf("%d lists in as many ways: %v", MaxLists+1, err)
 	}
-	if _, err := Parse("p.yaml", []byte(b.String())); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rules refer to %d distinct lists", MaxLists+1)) {
-		t.Fatalf("%d lists: got %v", MaxLists+1, err)
+	if err := many(MaxListWays + 1); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rules refer to %d distinct lists in %d distinct ways; at most %d", MaxListWays+1, MaxListWays+1, MaxListWays)) {
+		t.Fatalf("%d lists: got %v", MaxListWays+1, err)
 	}
 }
 

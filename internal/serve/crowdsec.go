@@ -197,7 +197,7 @@ func splitByOrigin(pol *policy.Policy, list string, byOrigin map[string][]netip.
 			rules = append(rules, c)
 		}
 	}
-	if entries > policy.MaxRules || use.Need() > policy.MaxLists {
+	if entries > policy.MaxRules || use.Ways() > policy.MaxLists { // every origin's list takes live changes: a bit each
 		return originSplit{}, false
 	}
 	for _, o := range origins {

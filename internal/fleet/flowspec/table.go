@@ -325,7 +325,7 @@ func Place(pol *policy.Policy, entries []*Entry) {
 			n += rs[i].Entries(pol.Lists)
 			undo = append(undo, lists.Add(&rs[i], pol.Lists))
 		}
-		if used+n > policy.MaxRules || lists.Need() > policy.MaxLists {
+		if used+n > policy.MaxRules || lists.Fits() != nil {
 			e.State, e.Reason = StateNoRoom, "the policy's limits of rules and lists are reached"
 			for i := len(undo) - 1; i >= 0; i-- {
 				undo[i]()
