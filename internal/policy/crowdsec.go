@@ -126,3 +126,9 @@ func (p *parser) crowdsec(n *yaml.Node, pol *Policy) error {
 	pol.CrowdSec = c
 	return nil
 }
+
+// Feeds says whether c feeds list: its own, or one of the lists by origin
+// rampart serve splits it into ("list/origin").
+func (c *CrowdSec) Feeds(list string) bool {
+	return c != nil && (list == c.List || strings.HasPrefix(list, c.List+"/"))
+}

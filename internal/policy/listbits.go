@@ -16,7 +16,8 @@ import (
 // sides name are one *way*: an entry tests its side's lists together (any
 // of their bits), so to every entry they are one list, their union, and
 // they share a bit (a rule naming 250 country lists takes one). The first
-// MaxLists ways rules name take a bit each; the rest are *static*: they
+// MaxLists ways rules name take a bit each (the ways of lists a feed
+// changes in place first: CrowdSec's); the rest are *static*: they
 // take no bit, and entries check them by a bit of the address class's row
 // (Static). A shared bit takes in-place additions, which set it, but no
 // removals, which would clear it for the other lists too; a static list
@@ -39,6 +40,9 @@ type ListUse struct {
 	listKey map[string][2]uint64
 	sides   map[[2]uint64]int // the lists of a side -> sides naming them
 	rng     *rand.ChaCha8
+	// live says which lists a feed changes in place: past MaxLists ways,
+	// theirs take bits first.
+	live func(list string) bool
 }
 
 // MaxListWays bounds the ways a policy names lists in: a static side's
@@ -196,10 +200,17 @@ func (u *ListUse) Static() map[string]uint32 {
 	return static
 }
 
-// numbered numbers the ways from 0 in the order rules first name them, by
-// list.
+// numbered numbers the ways from 0, by list: those of the lists a feed
+// changes in place (live) first, then in the order rules first name them.
 func (u *ListUse) numbered() map[string]int {
 	of := make(map[[2]uint64]int, len(u.ways))
+	if u.live != nil {
+		for _, name := range u.order {
+			if _, ok := of[u.sig[name]]; !ok && u.live(name) {
+				of[u.sig[name]] = len(of)
+			}
+		}
+	}
 	out := make(map[string]int, len(u.order))
 	for _, name := range u.order {
 		s := u.sig[name]

@@ -75,6 +75,13 @@ func TestListBits(t *testing.T) {
 	if bits, static := u.Bits(), u.Static(); u.Ways() != MaxLists+1 || bits["c999"] != 0 || len(static) != 1 || static["c999"] != 1 || bits["c0"] != 1 {
 		t.Errorf("%d ways: Ways says %d, c999's bit %#x, the static lists %v", MaxLists+1, u.Ways(), bits["c999"], static)
 	}
+	// A list a feed changes in place takes a bit first: c999's way does,
+	// and the last way of the others (c620-c629) is static.
+	u.live = func(list string) bool { return list == "c999" }
+	if bits, static := u.Bits(), u.Static(); bits["c999"] != 1 || bits["c0"] != 2 || len(static) != 10 || static["c629"] != 1 {
+		t.Errorf("c999 fed live: its bit %#x, c0's %#x, the static lists %v", bits["c999"], bits["c0"], static)
+	}
+	u.live = nil
 	undo()
 	again := Rule{Src: []string{"c0"}} // splits c0 from c1-c9
 	undo = u.Add(&again, p.Lists)

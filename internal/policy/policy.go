@@ -402,9 +402,11 @@ func (pol *Policy) Usage() (entries int, lists *ListUse) {
 }
 
 // ListUse is how pol's rules name the lists that take bits of the
-// membership mask.
+// membership mask; the lists CrowdSec feeds, which take live changes, take
+// them first.
 func (pol *Policy) ListUse() *ListUse {
 	u := NewListUse()
+	u.live = pol.CrowdSec.Feeds
 	for i := range pol.Rules {
 		u.Add(&pol.Rules[i], pol.Lists)
 	}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -254,12 +253,7 @@ func (d *Daemon) afterReload(pol *policy.Policy) {
 
 // ownsList says whether a list is the CrowdSec feed's (its own, or one of
 // its origins').
-func (f *feed) ownsList(list string) bool { return fedBy(f.cfg, list) }
-
-// fedBy says whether a list is fed by the CrowdSec section c (nil: none).
-func fedBy(c *policy.CrowdSec, list string) bool {
-	return c != nil && (list == c.List || strings.HasPrefix(list, c.List+"/"))
-}
+func (f *feed) ownsList(list string) bool { return f.cfg.Feeds(list) }
 
 // followCrowdSec polls the LAPI while the policy has a crowdsec section,
 // and expires decisions on their own time.

@@ -279,7 +279,7 @@ func (d *Daemon) reloadLocked(why string) error {
 		d.cs.mu.Lock()
 		cs := d.cs.cfg
 		d.cs.mu.Unlock()
-		fold := func(list string) bool { return !fedBy(cs, list) }
+		fold := func(list string) bool { return !cs.Feeds(list) }
 		res, err = d.fw.Apply(engine.ApplyRequest{Policy: pol, PolicyOf: policyOf, Ifaces: d.opt.Ifaces, Mode: d.opt.Mode, Egress: d.opt.Egress, Fold: fold})
 	}
 	now := time.Now()
