@@ -101,8 +101,8 @@ struct rule {
 	__u8 proto_hi;
 	__u8 pad;
 	/* A side's static lists (those without a bit, past MAX_LISTS ways of
-	 * naming lists): bit src_row of the address class's row (class_rows
-	 * in the tree array), 0 for none. Matches if the mask or the row does. */
+	 * naming lists): bit src_row of the address class's row (struct
+	 * config's rows_base), 0 for none. Matches if the mask or the row does. */
 	__u16 src_row, dst_row;
 	/* MATCH_SRC_BITS and MATCH_DST_BITS: the address, as two u64 loads of
 	 * its bytes, under mask[i] equals bits[i]. */
@@ -195,11 +195,13 @@ struct config {
 	__u8 need_src;         /* some rule looks at the source's lists */
 	__u8 need_dst;
 	__u8 pad[2];
-	/* The address classes' rows of static lists (struct rule's src_row):
-	 * row_words u32 words a class, from word rows_base of the tree. */
+	/* The rows of static lists (struct rule's src_row), in the tree
+	 * array: from word rows_base, each address class's set of static
+	 * lists (0: none); from word sets_base, set s's row at
+	 * (s - 1) * row_words. */
 	__u32 rows_base;
 	__u32 row_words;
-	__u32 pad2;
+	__u32 sets_base;
 };
 
 /* The one element of the live map (filter.c): the generation frames meet,

@@ -123,14 +123,19 @@ static __always_inline int bits_match(const __u8 *addr, const __u64 *mask, const
 }
 
 /* Whether bit row of address class cls's row is set: the class is in one
- * of a side's static lists. The rows follow the trees in the tree array.
- * Not inlined: inlined, its reads took classify 16 more bytes of stack,
- * past the 512 a chain of calls may take. */
+ * of a side's static lists. The rows follow the trees in the tree array,
+ * one per set of static lists that classes are in. Not inlined: inlined,
+ * its reads took classify 16 more bytes of stack, past the 512 a chain of
+ * calls may take. */
 static __noinline int in_row(const struct match_ctx *m, __u32 cls, __u32 row)
 {
 	if (!m || !m->c)
 		return 0;
-	__u32 *w = word(m->tree, m->c->rows_base + cls * m->c->row_words + (row >> 5));
+	const struct config *c = m->c;
+	__u32 *set = word(m->tree, c->rows_base + cls);
+	if (!set || !*set)
+		return 0;
+	__u32 *w = word(m->tree, c->sets_base + (*set - 1) * c->row_words + (row >> 5));
 	return w && (*w >> (row & 31)) & 1;
 }
 

@@ -243,7 +243,7 @@ type Config struct {
 	Pad             [2]uint8
 	RowsBase        uint32
 	RowWords        uint32
-	Pad2            uint32
+	SetsBase        uint32
 }
 
 // enum limits

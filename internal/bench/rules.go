@@ -104,8 +104,9 @@ func runProgress(progress func(string), fam, runs int) func(int) {
 // over by default.
 const ScaleLists = 32
 
-// MaxScaleLists bounds them: a /24 each of 10.0.0.0/8 (IPv4).
-const MaxScaleLists = 1 << 16
+// MaxScaleLists bounds them: the ways a policy names lists in, one a
+// list here.
+const MaxScaleLists = policy.MaxListWays
 
 // scalePolicy is n rules as a feed sends them: each one of lists source
 // lists, UDP and its own destination port (and source port past 60,000

@@ -15,12 +15,13 @@ import (
 // trees (bpf/common.h): what each field's values are to the rules, and trees
 // over those eqs down to leaves of the few entries a frame may match.
 type Classifier struct {
-	Tree  []uint32 // the trees, then the classes' rows (Rows) from word RowsBase
+	Tree  []uint32 // the trees, then the classes' rows (Rows)
 	Roots []uint32
-	// RowsBase, RowWords: where the rows start in Tree, and their length.
-	RowsBase, RowWords uint32
-	FieldEqs           []uint32       // abi.FieldValues entries, by field base and value
-	ClassEqs           []abi.ClassEqs // by address class
+	// Where the rows are in Tree: Rows.Set from RowsBase, Rows.Bits from
+	// SetsBase, RowWords words a row.
+	RowsBase, RowWords, SetsBase uint32
+	FieldEqs                     []uint32       // abi.FieldValues entries, by field base and value
+	ClassEqs                     []abi.ClassEqs // by address class
 }
 
 // KernelBytes is the kernel memory the classifier's maps take.
@@ -335,7 +336,7 @@ func addressField(n int, k keys, classes []uint64, lists func(r int) uint64, row
 		// The entries the class's row adds, not matching by the mask.
 		var byStatic []int
 		if byRow != nil {
-			for w, word := range rows.Bits[v*rows.Words : (v+1)*rows.Words] {
+			for w, word := range rows.of(v) {
 				for ; word != 0; word &= word - 1 {
 					for _, r := range byRow[uint16(w*32+bits.TrailingZeros32(word))] {
 						if mask&lists(r) == 0 {
@@ -481,6 +482,8 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 	c.Tree = b.tree
 	if rows != nil {
 		c.RowsBase, c.RowWords = uint32(len(c.Tree)), uint32(rows.Words)
+		c.Tree = append(c.Tree, rows.Set...)
+		c.SetsBase = uint32(len(c.Tree))
 		c.Tree = append(c.Tree, rows.Bits...)
 	}
 	return c

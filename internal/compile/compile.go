@@ -55,16 +55,24 @@ func Build(pol *policy.Policy) *Image {
 	return img
 }
 
-// Rows are the address classes' rows: bit j of class c's (word
-// c*Words+j/32) says whether the class is in a list of the static part
-// of entries' sides numbered j (abi.Rule's SrcRow), from 1.
+// Rows are the rows of the address classes' static lists: Set gives each
+// class its set of static ways (0 for none, else a row), and bit j of set
+// s's row (words (s-1)*Words on of Bits) says whether the set meets the
+// static part of entries' sides numbered j (abi.Rule's SrcRow), from 1. A
+// row is a set's, not a class's: classes are many (a feed's victims make
+// one each), sets of static lists few.
 type Rows struct {
 	Words int
+	Set   []uint32 // by class
 	Bits  []uint32
 }
 
-func (r *Rows) has(cls uint32, bit uint16) bool {
-	return r != nil && bit != 0 && r.Bits[int(cls)*r.Words+int(bit/32)]>>(bit%32)&1 != 0
+// of is class cls's row, nil for none.
+func (r *Rows) of(cls int) []uint32 {
+	if s := r.Set[cls]; s != 0 {
+		return r.Bits[int(s-1)*r.Words : int(s)*r.Words]
+	}
+	return nil
 }
 
 // rows are t's classes' rows of the sides' static parts; nil without.
@@ -78,15 +86,22 @@ func (b *builder) rows(t *Tables) *Rows {
 			partsOf[w] = append(partsOf[w], uint16(j+1))
 		}
 	}
-	r := &Rows{Words: (len(b.partWays) + 1 + 31) / 32}
-	r.Bits = make([]uint32, len(t.Classes)*r.Words)
+	r := &Rows{Words: (len(b.partWays) + 1 + 31) / 32, Set: make([]uint32, len(t.Classes))}
+	row := map[uint32]uint32{0: 0} // by set of static ways, its row
 	for c, set := range t.classStatic {
-		row := r.Bits[c*r.Words:]
-		for _, w := range t.sets.sets[set] {
-			for _, j := range partsOf[w] {
-				row[j/32] |= 1 << (j % 32)
+		s, ok := row[set]
+		if !ok {
+			s = uint32(len(row))
+			row[set] = s
+			bits := make([]uint32, r.Words)
+			for _, w := range t.sets.sets[set] {
+				for _, j := range partsOf[w] {
+					bits[j/32] |= 1 << (j % 32)
+				}
 			}
+			r.Bits = append(r.Bits, bits...)
 		}
+		r.Set[c] = s
 	}
 	return r
 }

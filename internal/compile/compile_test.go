@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -523,5 +524,38 @@ func TestStaticWays(t *testing.T) {
 			a := netip.AddrFrom16(b)
 			check(a, tb.class6(policy.U128Of(a), nil))
 		}
+	}
+}
+
+// TestHashSeesStaticLists: two policies whose static lists (past
+// policy.MaxLists ways) hold different addresses differ in their hash,
+// though their classes' masks are alike.
+func TestHashSeesStaticLists(t *testing.T) {
+	text := func(x, y string) string {
+		var b strings.Builder
+		b.WriteString("lists:\n")
+		for i := range policy.MaxLists {
+			fmt.Fprintf(&b, "  c%d: {prefixes: [198.51.100.%d/32]}\n", i, i)
+		}
+		fmt.Fprintf(&b, "  x: {prefixes: [%s]}\n  y: {prefixes: [%s]}\nrules:\n", x, y)
+		for i := range policy.MaxLists {
+			fmt.Fprintf(&b, "  - {name: r%d, src: c%d, action: drop}\n", i, i)
+		}
+		b.WriteString("  - {name: rx, src: x, action: drop}\n  - {name: ry, src: y, action: pass}\ndefault: drop\n")
+		return b.String()
+	}
+	var hashes []string
+	for _, p := range []string{text("10.9.0.1", "10.9.0.2"), text("10.9.0.2", "10.9.0.1")} {
+		pol, err := policy.Parse("p.yaml", []byte(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pol.ListUse().Static()) != 2 {
+			t.Fatalf("static lists: %v; want x and y", pol.ListUse().Static())
+		}
+		hashes = append(hashes, Build(pol).Hash())
+	}
+	if hashes[0] == hashes[1] {
+		t.Errorf("x and y swapped: both hash %s", hashes[0])
 	}
 }

@@ -92,6 +92,10 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []bool{img.NeedSrc, img.NeedDst, img.NeedL4})
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	h.Write(AsBytes(img.Limits))
+	if img.RowWords > 0 { // the classes' static lists, which their masks do not say
+		binary.Write(h, binary.LittleEndian, img.RowWords)
+		h.Write(AsBytes(img.Tree[img.RowsBase:]))
+	}
 	t := &img.Tables
 	for _, part := range [][]byte{AsBytes(t.V4Blocks), AsBytes(t.V4BlockMul[:]), AsBytes(t.V4Wide), AsBytes(t.V4WideMul[:]),
 		AsBytes(t.V4Dense), AsBytes(t.V4DenseMul[:]), AsBytes(t.V4Tbl8s), AsBytes(t.V6Blocks), AsBytes(t.V6BlockMul[:]), AsBytes(t.V6Short),

@@ -327,7 +327,8 @@ func key4(p netip.Prefix) abi.LPMKeyV4 {
 
 // Overlay turns in-place ops into overlay entries: for every op prefix, per
 // list, the latest op whose prefix contains it sets or clears the list's
-// bit. Ops on lists without a bit (not in this policy) are ignored.
+// bit. Ops on lists without a bit (not in this policy, or static) are
+// ignored.
 func Overlay(bits map[string]uint64, ops []policy.ListOp) (v4 []OverlayEntry[abi.LPMKeyV4], v6 []OverlayEntry[abi.LPMKeyV6]) {
 	type node struct {
 		p      netip.Prefix
@@ -335,7 +336,7 @@ func Overlay(bits map[string]uint64, ops []policy.ListOp) (v4 []OverlayEntry[abi
 	}
 	idx := make([]int, 0, len(ops))
 	for i, op := range ops {
-		if _, ok := bits[op.List]; ok {
+		if bits[op.List] != 0 { // a static list takes none (engine refuses them)
 			idx = append(idx, i)
 		}
 	}

@@ -169,7 +169,12 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		}
 		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)%s", c.List, fw.inNetns(), strings.Join(known, ", "), hint)
 	}
-	others, static, err := fw.bitUse(c.List)
+	// The newest generations' bits are the users'; an addition reads
+	// no more records but while a rollback may come (each ban's cost).
+	others, static, err := fw.bitUse(c.List, !c.Add)
+	for _, u := range users {
+		static = static || u.info.Bit == 0
+	}
 	switch {
 	case err != nil:
 		return nil, err
@@ -280,7 +285,7 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 		}
 		use, checked := uses[op.List]
 		if !checked {
-			if use.others, use.static, err = fw.bitUse(op.List); err != nil {
+			if use.others, use.static, err = fw.bitUse(op.List, true); err != nil {
 				return 0, err
 			}
 			uses[op.List] = use
@@ -360,13 +365,17 @@ type listUser struct {
 }
 
 // bitUse is how list takes the membership mask (policy.ListUse) in the
-// generations a hook runs or may go back to (an unconfirmed apply's
-// previous one, whose overlay the rollback makes from the live changes):
-// the other lists whose bit is its, sorted, in the first generation where
-// some are; and whether it has no bit in one (a static way's list).
-func (fw *Firewall) bitUse(list string) (others []string, static bool, err error) {
+// generations a hook may go back to (an unconfirmed apply's previous one,
+// whose overlay the rollback makes from the live changes) and, with
+// newest, those it runs: the other lists whose bit is its, sorted, in the
+// first generation where some are; and whether it has no bit in one (a
+// static way's list).
+func (fw *Firewall) bitUse(list string, newest bool) (others []string, static bool, err error) {
 	err = fw.eachHook(func(h Hook, st *hookState) error {
-		gens := []int{fw.newest(h, st)}
+		var gens []int
+		if newest {
+			gens = append(gens, fw.newest(h, st))
+		}
 		if st.pending != nil && st.pending.Previous != 0 {
 			gens = append(gens, st.pending.Previous)
 		}
@@ -434,8 +443,11 @@ func liveChangesFit(pol *policy.Policy) error {
 // membership mask: its addresses' classes say they are in it, and a
 // class is every address of the class.
 func staticList(list string) error {
-	return fmt.Errorf("list %q takes no in-place changes: its policy names lists in more than %d ways, and only the lists of the first %d ways its rules name take a bit of the membership mask, which in-place changes set and clear; change the list's file and apply, or name it in an earlier rule", list, policy.MaxLists, policy.MaxLists)
+	return fmt.Errorf("list %q %w: its policy names lists in more than %d ways, and only the lists of the first %d ways take a bit of the membership mask, which in-place changes set and clear (those of the lists that hold in-place changes or that CrowdSec feeds first, then in the order rules name them); change the list's file and apply, or name it in an earlier rule", list, ErrStaticList, policy.MaxLists, policy.MaxLists)
 }
+
+// ErrStaticList is what a change to a list without a bit is refused with.
+var ErrStaticList = errors.New("takes no in-place changes")
 
 // removalShared refuses an in-place removal from a list whose bit other
 // lists share: clearing it would take the addresses out of them too.

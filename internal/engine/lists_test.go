@@ -269,8 +269,9 @@ func TestSharedListBits(t *testing.T) {
 // TestStaticLists: past policy.MaxLists ways of naming lists, the lists of
 // the later ways take no bit; real datagrams through a veth pair show the
 // class's row deciding, alone and beside an in-place change to a list
-// with a bit, and that no in-place change to a static list is taken, live
-// or carried over by an apply.
+// with a bit; that no in-place change to a static list is taken, live or
+// restored; that a list holding live changes takes a bit first, and that
+// an apply that would leave one static is refused.
 func TestStaticLists(t *testing.T) {
 	p, fw := firewallOnPair(t)
 	a, _ := netip.AddrFromSlice(p.A4.To4())
@@ -332,15 +333,27 @@ func TestStaticLists(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// c69 named first takes a bit and a live change; the policy where it
-	// would take none is refused while the change is live.
+	// c69 named first takes a bit and a live change; named last again, it
+	// keeps a bit, as a list holding live changes takes one first.
 	mustApply(t, fw, policyOf(false, true), p.IfB)
 	if _, err := fw.ChangeList(ListChange{List: "c69", Prefixes: []netip.Prefix{host}, Add: true}); err != nil {
 		t.Fatal(err)
 	}
 	step("A added to c69, a list with a bit", 0)
+	mustApply(t, fw, policyOf(false, false), p.IfB)
+	step("c69 named last, with its live change", 0)
+	// Past 63 lists with live changes or asked to take them (Live), the
+	// last of them is static: the apply is refused while it holds one.
+	for i := range policy.MaxLists - 1 {
+		other := netip.MustParsePrefix(fmt.Sprintf("203.0.113.%d/32", i))
+		if _, err := fw.ChangeList(ListChange{List: fmt.Sprintf("c%d", i), Prefixes: []netip.Prefix{other}, Add: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	gen := hookStatus(t, fw)[0].Generation
-	_, err = fw.Apply(ApplyRequest{Policy: policyOf(false, false), Ifaces: []string{p.IfB}})
+	pol := policyOf(false, false)
+	pol.Live = map[string]bool{fmt.Sprintf("c%d", policy.MaxLists-1): true}
+	_, err = fw.Apply(ApplyRequest{Policy: pol, Ifaces: []string{p.IfB}})
 	if err == nil || !strings.Contains(err.Error(), `list "c69" takes no in-place changes`) {
 		t.Errorf("an apply making a list with a live change static: %v", err)
 	}

@@ -16,8 +16,9 @@ import (
 // sides name are one *way*: an entry tests its side's lists together (any
 // of their bits), so to every entry they are one list, their union, and
 // they share a bit (a rule naming 250 country lists takes one). The first
-// MaxLists ways rules name take a bit each (the ways of lists a feed
-// changes in place first: CrowdSec's); the rest are *static*: they
+// MaxLists ways take a bit each, those of lists that take in-place changes
+// first, then in the order rules first name them; the rest are *static*:
+// they
 // take no bit, and entries check them by a bit of the address class's row
 // (Static). A shared bit takes in-place additions, which set it, but no
 // removals, which would clear it for the other lists too; a static list
@@ -45,9 +46,8 @@ type ListUse struct {
 	live func(list string) bool
 }
 
-// MaxListWays bounds the ways a policy names lists in: a static side's
-// entries read the address class's row, MaxListWays bits at most, so
-// that a row is a few cache lines.
+// MaxListWays bounds the ways a policy names lists in: the IPv4 sweep
+// keeps the ways an address is in, and a static set is a class's.
 const MaxListWays = 4096
 
 func NewListUse() *ListUse {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/rampart-fw/rampart/internal/abi"
 )
 
 // TestListBits: up to MaxLists lists take a bit each, in the order rules
@@ -91,6 +93,30 @@ func TestListBits(t *testing.T) {
 	undo()
 	if bits := u.Bits(); u.Ways() != MaxLists || u.Lists() != 10*MaxLists || bits["c999"] != 0 || bits["c0"] != 1 || bits["c629"] != 1<<62 || u.Static() != nil {
 		t.Errorf("after the undo: %d lists in %d ways", u.Lists(), u.Ways())
+	}
+}
+
+// TestListUseFits: past MaxLists ways, the distinct sets of lists sides
+// name are bounded by the rows' bits (abi.MaxRowBits).
+func TestListUseFits(t *testing.T) {
+	u := NewListUse()
+	lists := map[string]*List{}
+	for i := range 400 {
+		lists[fmt.Sprintf("c%d", i)] = &List{}
+	}
+	n := 0
+	for i := 0; i < 400 && n <= abi.MaxRowBits; i++ {
+		for j := i + 1; j < 400 && n <= abi.MaxRowBits; j++ {
+			u.Add(&Rule{Src: []string{fmt.Sprintf("c%d", i), fmt.Sprintf("c%d", j)}}, lists)
+			if n++; n == abi.MaxRowBits {
+				if err := u.Fits(); err != nil {
+					t.Fatalf("%d sides in %d ways: %v", n, u.Ways(), err)
+				}
+			}
+		}
+	}
+	if err := u.Fits(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("rules name %d distinct sets of lists", abi.MaxRowBits+1)) {
+		t.Errorf("%d sides in %d ways: %v", n, u.Ways(), err)
 	}
 }
 

@@ -366,6 +366,11 @@ type Policy struct {
 	// CrowdSec, when set, feeds one of Lists from a CrowdSec Local API
 	// (rampart serve does).
 	CrowdSec *CrowdSec
+	// Live names lists that take in-place changes besides those holding
+	// some (rampart serve's: those it was asked to change, and those its
+	// saved changes name). Past MaxLists ways of naming lists, their ways
+	// take bits first (ListUse).
+	Live map[string]bool
 	// FlowSpec, when set, is a BGP speaker whose FlowSpec routes become
 	// rules at FlowSpecAt (rampart serve runs it).
 	FlowSpec *FlowSpec
@@ -383,9 +388,9 @@ func (pol *Policy) ListNames() []string {
 	return names
 }
 
-// MaxRules and MaxLists bound what one policy may hold: the data plane's
-// rule array, and the lists that take a bit of its list membership mask
-// (bpf/common.h).
+// MaxRules bounds what one policy may hold: the data plane's rule array;
+// MaxLists is the lists (or ways of naming them, ListUse) that take a bit
+// of its list membership mask (bpf/common.h), the others being static.
 const (
 	MaxRules = abi.MaxRules
 	MaxLists = abi.MaxLists
@@ -402,11 +407,14 @@ func (pol *Policy) Usage() (entries int, lists *ListUse) {
 }
 
 // ListUse is how pol's rules name the lists that take bits of the
-// membership mask; the lists CrowdSec feeds, which take live changes, take
-// them first.
+// membership mask; the lists that take live changes (CrowdSec's, those
+// holding some, those Live names) take them first.
 func (pol *Policy) ListUse() *ListUse {
 	u := NewListUse()
-	u.live = pol.CrowdSec.Feeds
+	u.live = func(list string) bool {
+		l := pol.Lists[list]
+		return pol.CrowdSec.Feeds(list) || pol.Live[list] || l != nil && len(l.Ops) > 0
+	}
 	for i := range pol.Rules {
 		u.Add(&pol.Rules[i], pol.Lists)
 	}

@@ -223,9 +223,7 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 		reply(w, nil, err)
 		return
 	}
-	d.mu.Lock()
-	res, err := d.fw.ChangeList(engine.ListChange{List: req.List, Prefixes: prefixes, Add: add, TTL: ttl})
-	d.mu.Unlock()
+	res, err := d.changeList(engine.ListChange{List: req.List, Prefixes: prefixes, Add: add, TTL: ttl})
 	d.persistChanges()
 	if err != nil {
 		reply(w, nil, err)
@@ -237,6 +235,29 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 		out["expires"] = res.Expires
 	}
 	reply(w, out, nil)
+}
+
+// changeList makes a change through the engine. A list without a bit of
+// the membership mask (a static list, past 63 ways of naming lists) takes
+// one first, by a reload, as a list asked to change in place does from
+// then on (policy.Policy.Live).
+func (d *Daemon) changeList(c engine.ListChange) (*engine.ListChanged, error) {
+	d.mu.Lock()
+	res, err := d.fw.ChangeList(c)
+	retry := errors.Is(err, engine.ErrStaticList) && !d.live[c.List]
+	if retry {
+		d.live[c.List] = true
+	}
+	d.mu.Unlock()
+	if !retry {
+		return res, err
+	}
+	if err := d.reload(fmt.Sprintf("list %s changed in place", c.List)); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.fw.ChangeList(c)
 }
 
 // fedList refuses changes by hand to the list CrowdSec feeds: the next
@@ -349,20 +370,30 @@ func (d *Daemon) persistChanges() {
 	}
 }
 
-func (d *Daemon) restoreChanges() error {
+// savedChanges are the live list changes saved under PersistDir.
+func (d *Daemon) savedChanges() ([]policy.ListOp, error) {
 	if d.opt.PersistDir == "" {
-		return nil
+		return nil, nil
 	}
 	b, err := os.ReadFile(d.persistPath())
 	if os.IsNotExist(err) {
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var ops []policy.ListOp
 	if err := json.Unmarshal(b, &ops); err != nil {
-		return fmt.Errorf("%s: %w", d.persistPath(), err)
+		return nil, fmt.Errorf("%s: %w", d.persistPath(), err)
+	}
+	return ops, nil
+}
+
+// restoreChanges puts the saved changes back where /run lost them; their
+// lists took bits at the start (Daemon.live).
+func (d *Daemon) restoreChanges(ops []policy.ListOp) error {
+	if len(ops) == 0 {
+		return nil
 	}
 	n, err := d.fw.RestoreChanges(ops)
 	if n > 0 {

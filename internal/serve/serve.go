@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -54,6 +55,9 @@ type Daemon struct {
 	log *slog.Logger
 
 	mu sync.Mutex // one apply or list change at a time
+	// live: the lists asked to change in place, and those the saved
+	// changes name; under mu. They take bits first (policy.Policy.Live).
+	live map[string]bool
 	// shown guards what scrapes and /v1/status read of the reloads, so
 	// that they need not wait for a reload under way (mu): writes hold mu
 	// then shown; a read needs either.
@@ -102,7 +106,7 @@ func (d *Daemon) askFold(overlay int, owed bool) {
 
 // Run serves until ctx ends.
 func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
-	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed(), fs: newFSFeed(),
+	d := &Daemon{fw: fw, opt: opt, log: opt.Log, reloads: map[bool]int{}, apiGID: -1, cs: newFeed(), fs: newFSFeed(), live: map[string]bool{},
 		foldNow: make(chan struct{}, 1)}
 	if d.log == nil {
 		d.log = slog.Default()
@@ -157,10 +161,17 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	}
 
 	defer d.stopFlowSpec() // whatever ends the service ends its BGP sessions
+	saved, err := d.savedChanges()
+	if err != nil {
+		d.log.Error("read the saved live list changes", "err", err)
+	}
+	for _, op := range saved {
+		d.live[op.List] = true // their lists take bits, to take them
+	}
 	if err := d.reload("start"); err != nil {
 		return err // nothing runs yet: a bad policy at start is fatal
 	}
-	if err := d.restoreChanges(); err != nil {
+	if err := d.restoreChanges(saved); err != nil {
 		d.log.Error("restore live list changes", "err", err)
 	}
 	d.rewatch(watch)
@@ -267,6 +278,9 @@ func (d *Daemon) reloadLocked(why string) error {
 	defer d.mu.Unlock()
 	start := time.Now()
 	pol, err := policy.Load(d.opt.PolicyFile, policy.Options{})
+	if err == nil {
+		pol.Live = maps.Clone(d.live)
+	}
 	var res *engine.ApplyResult
 	var policyOf map[string]*policy.Policy
 	if err == nil {
