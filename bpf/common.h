@@ -202,6 +202,7 @@ struct config {
 	__u32 rows_base;
 	__u32 row_words;
 	__u32 sets_base;
+	__u32 gen; /* this generation's slot: what in_row looks its maps up in */
 };
 
 /* The one element of the live map (filter.c): the generation frames meet,
@@ -210,7 +211,8 @@ struct config {
  * apply that finds its maps' shape running. */
 struct live {
 	__u32 gen;
-	__u32 pad;
+	__u8 static_rows; /* the program was loaded reading rows (filter.c) */
+	__u8 pad[3];
 	__u64 object;
 };
 

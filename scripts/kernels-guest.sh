@@ -69,7 +69,7 @@ synack=''
 if [ "$major" -gt 6 ] || { [ "$major" -eq 6 ] && [ "${minor%%-*}" -ge 9 ]; }; then
   synack='|TestSynAckFrames'
 fi
-run datapath datapath "TestRequire|TestTable|TestCrafted|TestCraftedFramesAreWhatTheySay|TestDifferential|TestLoadShapes|TestOverlayGrows|TestClsact$synack"
+run datapath datapath "TestRequire|TestTable|TestCrafted|TestCraftedFramesAreWhatTheySay|TestDifferential|TestLoadShapes|TestStaticRows|TestOverlayGrows|TestClsact$synack"
 # End to end over veth with real datagrams and connections: apply in every
 # mode, status, stats, detach; the kernel as oracle; list changes in place;
 # the syncookie refusal; version.

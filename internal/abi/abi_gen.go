@@ -202,10 +202,11 @@ type ClassEqs struct {
 
 // Live is struct live.
 type Live struct {
-	_      structs.HostLayout
-	Gen    uint32
-	Pad    uint32
-	Object uint64
+	_          structs.HostLayout
+	Gen        uint32
+	StaticRows uint8
+	Pad        [3]uint8
+	Object     uint64
 }
 
 // ListParams is struct list_params.
@@ -244,6 +245,8 @@ type Config struct {
 	RowsBase        uint32
 	RowWords        uint32
 	SetsBase        uint32
+	Gen             uint32
+	_               [4]byte
 }
 
 // enum limits

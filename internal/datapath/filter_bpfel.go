@@ -45,6 +45,7 @@ const (
 	filterProgRampartXdp      = "rampart_xdp"
 	filterVarCookieWscale     = "cookie_wscale"
 	filterVarFloodKey         = "flood_key"
+	filterVarStaticRows       = "static_rows"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -130,6 +131,7 @@ type filterMapSpecs struct {
 type filterVariableSpecs struct {
 	CookieWscale *ebpf.VariableSpec `ebpf:"cookie_wscale"`
 	FloodKey     *ebpf.VariableSpec `ebpf:"flood_key"`
+	StaticRows   *ebpf.VariableSpec `ebpf:"static_rows"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -213,6 +215,7 @@ func (m *filterMaps) Close() error {
 type filterVariables struct {
 	CookieWscale *ebpf.Variable `ebpf:"cookie_wscale"`
 	FloodKey     *ebpf.Variable `ebpf:"flood_key"`
+	StaticRows   *ebpf.Variable `ebpf:"static_rows"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

@@ -103,6 +103,10 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	if err := spec.Variables["flood_key"].Set(key); err != nil {
 		return nil, fmt.Errorf("set the flood key: %w", err)
 	}
+	rows := b2u8(img.RowWords > 0)
+	if err := spec.Variables["static_rows"].Set(rows); err != nil {
+		return nil, fmt.Errorf("set the rows' check: %w", err)
+	}
 	// The generation's maps come first: each outer map takes its
 	// generation's map as the template of the maps it holds (outerMap).
 	o := &Objects{}
@@ -114,7 +118,7 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 		o.Close()
 		return nil, loadError(err)
 	}
-	if err := o.shape.Live.Put(uint32(0), abi.Live{Object: objectID()}); err != nil {
+	if err := o.shape.Live.Put(uint32(0), abi.Live{Object: objectID(), StaticRows: rows}); err != nil {
 		o.Close()
 		return nil, fmt.Errorf("write the live generation: %w", err)
 	}
@@ -129,13 +133,14 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // fits their shape: no program is loaded or verified. The generation is
 // not live until Activate. fits is false (and nothing made) when img needs
 // a program of another shape (tables past their capacity or far below it,
-// SYN cookies added or removed) or the programs are another build's. The
-// generation takes what it can of spare (nil: none), made from shape.
+// SYN cookies or static lists' rows added or removed) or the programs are
+// another build's. The generation takes what it can of spare (nil: none),
+// made from shape.
 func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fits bool, err error) {
 	if !shape.ours() {
 		return nil, false, nil // another release's program: its code goes with it
 	}
-	if img.Syncookie != (shape.RampartTcCookie != nil) {
+	if img.Syncookie != (shape.RampartTcCookie != nil) || (img.RowWords > 0) != shape.readsRows() {
 		return nil, false, nil
 	}
 	need := genSizes(img)
@@ -164,6 +169,12 @@ func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fit
 		return nil, true, err
 	}
 	return o, true, nil
+}
+
+// readsRows reports whether o's programs read the rows of static lists.
+func (o *Objects) readsRows() bool {
+	var live abi.Live
+	return o.shape.Live.Lookup(uint32(0), &live) == nil && live.StaticRows != 0
 }
 
 // ours reports whether o's programs come from this build's object.
@@ -657,6 +668,15 @@ func (o *Objects) Activate() error {
 		if err := o.graceperiod(next); err != nil {
 			return err
 		}
+	}
+	// The settings say their slot: in_row, a global function the
+	// verifier checks once, has the generation through them.
+	var cfg abi.Config
+	if err := o.Configs.Lookup(uint32(0), &cfg); err != nil {
+		return fmt.Errorf("read the generation's settings: %w", err)
+	}
+	if cfg.Gen = next; o.Configs.Put(uint32(0), cfg) != nil {
+		return fmt.Errorf("write the generation's slot into its settings: %w", o.Configs.Put(uint32(0), cfg))
 	}
 	if err := changeOuter(gens, next, true); err != nil {
 		return fmt.Errorf("install the generation's maps: %w", err)

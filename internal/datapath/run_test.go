@@ -2,7 +2,9 @@ package datapath_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -10,6 +12,7 @@ import (
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
 	"github.com/rampart-fw/rampart/internal/testutil"
 )
@@ -141,5 +144,55 @@ func TestLoadShapes(t *testing.T) {
 		"lists:\n  a: {prefixes: [10.0.0.0/8]}\nrules:\n  - {name: r, src: a, action: drop}\n  - {name: s, dport: [80, 443], action: syncookie}\n  - {name: t, action: limit, rate: 1/s, per: source}\n",
 	} {
 		load(t, datapath.KindXDP, yaml) // one load verifies both programs, XDP and tc
+	}
+}
+
+// TestStaticRows: past policy.MaxLists ways of naming lists, the program
+// that reads the classes' rows (and answers SYNs, the largest) loads, and
+// the rows decide: a frame from a static list takes its rule, alone and
+// beside a list with a bit on the same side; one from no list the
+// default. The kernel tier runs it on every kernel.
+func TestStaticRows(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("lists:\n")
+	n := policy.MaxLists + 7
+	for i := range n {
+		fmt.Fprintf(&b, "  c%d: {prefixes: [10.0.%d.0/24, \"2001:db8:%x::/48\"]}\n", i, i, i)
+	}
+	b.WriteString("rules:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - {name: r%d, src: c%d, proto: udp, dport: %d, action: drop}\n", i, i, 1000+i)
+	}
+	fmt.Fprintf(&b, "  - {name: mixed, src: [c0, c%d], proto: udp, dport: 7, action: drop}\n", n-1)
+	b.WriteString("  - {name: s, dport: 80, action: syncookie}\ndefault: pass\n")
+	l := load(t, datapath.KindXDP, b.String())
+	if st := l.pol.ListUse().Static(); len(st) != 7 {
+		t.Fatalf("static lists %v, want 7", st)
+	}
+	for _, c := range []struct {
+		src   string
+		dport uint16
+		rule  int
+	}{
+		{fmt.Sprintf("10.0.%d.9", n-1), uint16(1000 + n - 1), n - 1}, // a static list's own rule
+		{fmt.Sprintf("2001:db8:%x::9", n-2), uint16(1000 + n - 2), n - 2},
+		{fmt.Sprintf("10.0.%d.9", n-1), 7, n}, // its list beside one with a bit
+		{"10.0.0.9", 7, n},
+		{fmt.Sprintf("10.0.%d.9", n-1), 1000, -1}, // another list's rule: none
+		{"10.1.0.9", uint16(1000 + n - 1), -1},
+	} {
+		dst := "192.0.2.1"
+		if ip(c.src).Is6() {
+			dst = "2001:db8:ffff::1"
+		}
+		frame := packet.Frame{Src: ip(c.src), Dst: ip(dst), Proto: 17, Sport: 9, Dport: c.dport}.Bytes()
+		act, slot := l.run(t, frame)
+		want, wantSlot := uint8(abi.ActionDrop), abi.SlotRule0+c.rule
+		if c.rule < 0 {
+			want, wantSlot = abi.ActionPass, abi.SlotDefault
+		}
+		if act != want || slot != wantSlot {
+			t.Errorf("from %s to port %d: action %d in slot %d, want %d in %d", c.src, c.dport, act, slot, want, wantSlot)
+		}
 	}
 }
