@@ -93,8 +93,9 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	h.Write(AsBytes(img.Limits))
 	if img.RowWords > 0 { // the classes' static lists, which their masks do not say
-		binary.Write(h, binary.LittleEndian, img.RowWords)
-		h.Write(AsBytes(img.Tree[img.RowsBase:]))
+		rows := AsBytes(img.Tree[img.RowsBase:])
+		binary.Write(h, binary.LittleEndian, []uint64{uint64(img.RowWords), uint64(len(rows))})
+		h.Write(rows)
 	}
 	t := &img.Tables
 	for _, part := range [][]byte{AsBytes(t.V4Blocks), AsBytes(t.V4BlockMul[:]), AsBytes(t.V4Wide), AsBytes(t.V4WideMul[:]),

@@ -670,13 +670,17 @@ func (o *Objects) Activate() error {
 		}
 	}
 	// The settings say their slot: in_row, a global function the
-	// verifier checks once, has the generation through them.
-	var cfg abi.Config
-	if err := o.Configs.Lookup(uint32(0), &cfg); err != nil {
-		return fmt.Errorf("read the generation's settings: %w", err)
-	}
-	if cfg.Gen = next; o.Configs.Put(uint32(0), cfg) != nil {
-		return fmt.Errorf("write the generation's slot into its settings: %w", o.Configs.Put(uint32(0), cfg))
+	// verifier checks once, has the generation through them. (An older
+	// build's settings are smaller, and its programs do not read it.)
+	if o.ours() {
+		var cfg abi.Config
+		err := o.Configs.Lookup(uint32(0), &cfg)
+		if cfg.Gen = next; err == nil {
+			err = o.Configs.Put(uint32(0), cfg)
+		}
+		if err != nil {
+			return fmt.Errorf("write the generation's slot into its settings: %w", err)
+		}
 	}
 	if err := changeOuter(gens, next, true); err != nil {
 		return fmt.Errorf("install the generation's maps: %w", err)

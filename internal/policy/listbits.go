@@ -41,10 +41,20 @@ type ListUse struct {
 	listKey map[string][2]uint64
 	sides   map[[2]uint64]int // the lists of a side -> sides naming them
 	rng     *rand.ChaCha8
-	// live says which lists a feed changes in place: past MaxLists ways,
-	// theirs take bits first.
-	live func(list string) bool
+	// live ranks the lists that take in-place changes, from 1 (0: none):
+	// past MaxLists ways, theirs take bits first, by rank.
+	live func(list string) int
 }
+
+// The ranks of lists that take in-place changes (Policy.ListUse): one
+// holding some, whose changes must stay enforced; one CrowdSec feeds; one
+// Policy.Live names.
+const (
+	liveHeld = 1 + iota
+	liveFed
+	liveAsked
+	liveRanks = liveAsked
+)
 
 // MaxListWays bounds the ways a policy names lists in: the IPv4 sweep
 // keeps the ways an address is in, and a static set is a class's.
@@ -200,13 +210,14 @@ func (u *ListUse) Static() map[string]uint32 {
 	return static
 }
 
-// numbered numbers the ways from 0, by list: those of the lists a feed
-// changes in place (live) first, then in the order rules first name them.
+// numbered numbers the ways from 0, by list: those of the lists that take
+// in-place changes first, by their rank (live), then in the order rules
+// first name them.
 func (u *ListUse) numbered() map[string]int {
 	of := make(map[[2]uint64]int, len(u.ways))
-	if u.live != nil {
+	for rank := 1; u.live != nil && rank <= liveRanks; rank++ {
 		for _, name := range u.order {
-			if _, ok := of[u.sig[name]]; !ok && u.live(name) {
+			if _, ok := of[u.sig[name]]; !ok && u.live(name) == rank {
 				of[u.sig[name]] = len(of)
 			}
 		}

@@ -79,9 +79,22 @@ func TestListBits(t *testing.T) {
 	}
 	// A list a feed changes in place takes a bit first: c999's way does,
 	// and the last way of the others (c620-c629) is static.
-	u.live = func(list string) bool { return list == "c999" }
+	u.live = func(list string) int { return b2i(list == "c999") * liveAsked }
 	if bits, static := u.Bits(), u.Static(); bits["c999"] != 1 || bits["c0"] != 2 || len(static) != 10 || static["c629"] != 1 {
 		t.Errorf("c999 fed live: its bit %#x, c0's %#x, the static lists %v", bits["c999"], bits["c0"], static)
+	}
+	// Ranked: a list holding changes before one only asked to take them.
+	u.live = func(list string) int {
+		switch list {
+		case "c999":
+			return liveAsked
+		case "c629":
+			return liveHeld
+		}
+		return 0
+	}
+	if bits, static := u.Bits(), u.Static(); bits["c629"] != 1 || bits["c999"] != 2 || bits["c0"] != 4 || len(static) != 10 || static["c619"] != 1 {
+		t.Errorf("c629 holding changes, c999 asked: their bits %#x and %#x, c0's %#x, the static lists %v", bits["c629"], bits["c999"], bits["c0"], static)
 	}
 	u.live = nil
 	undo()

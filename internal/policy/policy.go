@@ -366,10 +366,11 @@ type Policy struct {
 	// CrowdSec, when set, feeds one of Lists from a CrowdSec Local API
 	// (rampart serve does).
 	CrowdSec *CrowdSec
-	// Live names lists that take in-place changes besides those holding
-	// some (rampart serve's: those it was asked to change, and those its
-	// saved changes name). Past MaxLists ways of naming lists, their ways
-	// take bits first (ListUse).
+	// Live names lists about to take in-place changes (rampart serve's:
+	// those its saved changes name at its start, and a static list its
+	// ban API is asked to change). Past MaxLists ways of naming lists,
+	// their ways take bits after those of lists holding changes and those
+	// CrowdSec feeds (ListUse).
 	Live map[string]bool
 	// FlowSpec, when set, is a BGP speaker whose FlowSpec routes become
 	// rules at FlowSpecAt (rampart serve runs it).
@@ -407,13 +408,20 @@ func (pol *Policy) Usage() (entries int, lists *ListUse) {
 }
 
 // ListUse is how pol's rules name the lists that take bits of the
-// membership mask; the lists that take live changes (CrowdSec's, those
-// holding some, those Live names) take them first.
+// membership mask; the lists that take live changes take them first:
+// those holding some, then those CrowdSec feeds, then those Live names.
 func (pol *Policy) ListUse() *ListUse {
 	u := NewListUse()
-	u.live = func(list string) bool {
-		l := pol.Lists[list]
-		return pol.CrowdSec.Feeds(list) || pol.Live[list] || l != nil && len(l.Ops) > 0
+	u.live = func(list string) int {
+		switch l := pol.Lists[list]; {
+		case l != nil && len(l.Ops) > 0:
+			return liveHeld
+		case pol.CrowdSec.Feeds(list):
+			return liveFed
+		case pol.Live[list]:
+			return liveAsked
+		}
+		return 0
 	}
 	for i := range pol.Rules {
 		u.Add(&pol.Rules[i], pol.Lists)

@@ -239,24 +239,21 @@ func (d *Daemon) change(w http.ResponseWriter, r *http.Request, add bool) {
 
 // changeList makes a change through the engine. A list without a bit of
 // the membership mask (a static list, past 63 ways of naming lists) takes
-// one first, by a reload, as a list asked to change in place does from
-// then on (policy.Policy.Live).
+// one first, by a reload (policy.Policy.Live), unless the bits are all
+// taken by lists holding changes or fed by CrowdSec.
 func (d *Daemon) changeList(c engine.ListChange) (*engine.ListChanged, error) {
-	d.mu.Lock()
+	d.mu.Lock() // across the reload: a change racing it would find the list static
+	defer d.mu.Unlock()
 	res, err := d.fw.ChangeList(c)
-	retry := errors.Is(err, engine.ErrStaticList) && !d.live[c.List]
-	if retry {
-		d.live[c.List] = true
-	}
-	d.mu.Unlock()
-	if !retry {
+	if !errors.Is(err, engine.ErrStaticList) {
 		return res, err
 	}
-	if err := d.reload(fmt.Sprintf("list %s changed in place", c.List)); err != nil {
-		return nil, err
+	// A bit for the reload; then the change the list holds keeps it one.
+	d.live[c.List] = true
+	defer delete(d.live, c.List)
+	if rerr := d.reloadHeld(fmt.Sprintf("list %s changed in place", c.List)); rerr != nil {
+		return nil, fmt.Errorf("%w; the reload that would give it a bit failed: %v", err, rerr)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	return d.fw.ChangeList(c)
 }
 
@@ -390,7 +387,7 @@ func (d *Daemon) savedChanges() ([]policy.ListOp, error) {
 }
 
 // restoreChanges puts the saved changes back where /run lost them; their
-// lists took bits at the start (Daemon.live).
+// lists took bits at the start (Daemon.live), as far as there were bits.
 func (d *Daemon) restoreChanges(ops []policy.ListOp) error {
 	if len(ops) == 0 {
 		return nil

@@ -55,8 +55,10 @@ type Daemon struct {
 	log *slog.Logger
 
 	mu sync.Mutex // one apply or list change at a time
-	// live: the lists asked to change in place, and those the saved
-	// changes name; under mu. They take bits first (policy.Policy.Live).
+	// live: the lists about to take in-place changes (policy.Policy.Live),
+	// under mu: those the saved changes name until they are restored, a
+	// static list the ban API is asked to change for the reload that gives
+	// it a bit. Once they hold changes, that keeps their bits.
 	live map[string]bool
 	// shown guards what scrapes and /v1/status read of the reloads, so
 	// that they need not wait for a reload under way (mu): writes hold mu
@@ -165,8 +167,11 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	if err != nil {
 		d.log.Error("read the saved live list changes", "err", err)
 	}
+	now := time.Now()
 	for _, op := range saved {
-		d.live[op.List] = true // their lists take bits, to take them
+		if op.Expires.IsZero() || op.Expires.After(now) {
+			d.live[op.List] = true // their lists take bits, to take them
+		}
 	}
 	if err := d.reload("start"); err != nil {
 		return err // nothing runs yet: a bad policy at start is fatal
@@ -174,6 +179,9 @@ func Run(ctx context.Context, fw *engine.Firewall, opt Options) error {
 	if err := d.restoreChanges(saved); err != nil {
 		d.log.Error("restore live list changes", "err", err)
 	}
+	d.mu.Lock()
+	clear(d.live) // restored, their lists hold changes
+	d.mu.Unlock()
 	d.rewatch(watch)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -276,6 +284,11 @@ func freeBigHeap() {
 func (d *Daemon) reloadLocked(why string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	return d.reloadHeld(why)
+}
+
+// reloadHeld is reloadLocked for a caller holding mu.
+func (d *Daemon) reloadHeld(why string) error {
 	start := time.Now()
 	pol, err := policy.Load(d.opt.PolicyFile, policy.Options{})
 	if err == nil {
