@@ -102,7 +102,7 @@ struct rule {
 	__u8 pad;
 	/* A side's static lists (those without a bit, past MAX_LISTS ways of
 	 * naming lists): bit src_row of the address class's row (struct
-	 * config's rows_base), 0 for none. Matches if the mask or the row does. */
+	 * config's sets_base), 0 for none. Matches if the mask or the row does. */
 	__u16 src_row, dst_row;
 	/* MATCH_SRC_BITS and MATCH_DST_BITS: the address, as two u64 loads of
 	 * its bytes, under mask[i] equals bits[i]. */
@@ -196,13 +196,12 @@ struct config {
 	__u8 need_dst;
 	__u8 pad[2];
 	/* The rows of static lists (struct rule's src_row), in the tree
-	 * array: from word rows_base, each address class's set of static
-	 * lists (0: none); from word sets_base, set s's row at
+	 * array from word sets_base: set s's (struct class_eqs) at
 	 * (s - 1) * row_words. */
-	__u32 rows_base;
 	__u32 row_words;
 	__u32 sets_base;
-	__u32 gen; /* this generation's slot: what in_row looks its maps up in */
+	__u32 gen; /* this generation's slot: what in_row looks its tree up in */
+	__u32 pad2;
 };
 
 /* The one element of the live map (filter.c): the generation frames meet,
@@ -222,6 +221,8 @@ struct live {
 struct class_eqs {
 	__u32 src;
 	__u32 dst;
+	__u32 set; /* the class's set of static lists: its row, from 1 (0: none) */
+	__u32 pad; /* an array's elements are 8-byte aligned: mmap sees them so */
 };
 
 /* Rate limits: the generic cell rate algorithm. A packet costs interval ns

@@ -56,7 +56,7 @@ static __always_inline __u32 *word(void *map, __u32 i)
 struct address {
 	__u64 mask; /* its lists */
 	__u32 eq;   /* its eq as a source or destination */
-	__u32 cls;  /* its class, whose row holds its static lists */
+	__u32 set;  /* its class's set of static lists (static_rows), 0: none */
 };
 
 /* One frame's classification. */
@@ -127,23 +127,23 @@ static __always_inline int bits_match(const __u8 *addr, const __u64 *mask, const
  * verification. */
 volatile const __u8 static_rows = 0;
 
-/* Whether bit row of address class cls's row is set in generation gen:
- * the class is in one of a side's static lists. The rows follow the trees
- * in the tree array, one per set of static lists that classes are in. A
- * global function: the verifier checks it once, not at every call in
- * every state of the leaf scans (as a static subprogram, it took a fifth
- * more of a load's verification). */
-__noinline int in_row(__u32 gen, __u32 cls, __u32 row)
+/* Whether bit b of word i of generation gen's tree array is set: a side's
+ * static lists (struct rule's src_row) meet the address's set of them, in
+ * its row. A global function: the verifier checks it once, not at every
+ * call in every state of the leaf scans; inlined, it took classify past
+ * the 512 bytes of stack a chain of calls may take. */
+__noinline int in_row(__u32 gen, __u32 i, __u32 b)
 {
-	const struct config *c = gen_config(gen);
 	void *words = gen_map(&tree, gen);
-	if (!c || !words)
-		return 0;
-	__u32 *set = word(words, c->rows_base + cls);
-	if (!set || !*set)
-		return 0;
-	__u32 *w = word(words, c->sets_base + (*set - 1) * c->row_words + (row >> 5));
-	return w && (*w >> (row & 31)) & 1;
+	__u32 *w = words ? word(words, i) : 0;
+	return w && (*w >> (b & 31)) & 1;
+}
+
+/* Whether side row meets address a's static lists. */
+static __always_inline int row_meets(const struct match_ctx *m, const struct address *a, __u16 row)
+{
+	const struct config *c = m->c;
+	return static_rows && row && a->set && in_row(c->gen, c->sets_base + (a->set - 1) * c->row_words + (row >> 5), row);
 }
 
 static __always_inline int rule_matches(const struct rule *r, struct match_ctx *m)
@@ -155,9 +155,9 @@ static __always_inline int rule_matches(const struct rule *r, struct match_ctx *
 		return NO_MATCH;
 	if ((f & MATCH_IPV6) && p->family != 6)
 		return NO_MATCH;
-	if ((f & MATCH_SRC) && !(m->src.mask & r->src_lists) && !(static_rows && r->src_row && in_row(m->c->gen, m->src.cls, r->src_row)))
+	if ((f & MATCH_SRC) && !(m->src.mask & r->src_lists) && !row_meets(m, &m->src, r->src_row))
 		return NO_MATCH;
-	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists) && !(static_rows && r->dst_row && in_row(m->c->gen, m->dst.cls, r->dst_row)))
+	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists) && !row_meets(m, &m->dst, r->dst_row))
 		return NO_MATCH;
 	if ((f & MATCH_SRC_BITS) && !bits_match(p->saddr, r->src_mask, r->src_bits))
 		return NO_MATCH;
@@ -332,14 +332,17 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
 		return 0;
 	__u64 mask;
 	__u32 cls;
-	struct class_eqs *e;
-	if (lookup_membership(gen, p->family, dst ? p->daddr : p->saddr, &mask, &cls))
+	struct class_eqs *e, *ce;
+	int overlaid = lookup_membership(gen, p->family, dst ? p->daddr : p->saddr, &mask, &cls);
+	if (overlaid)
 		e = gen_lookup(&mask_eqs, gen, &mask);
 	else
 		e = gen_lookup(&class_eqs, gen, &cls);
 	out->mask = mask;
-	out->cls = cls;
 	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
+	/* An address the overlay changed keeps its class's static lists. */
+	ce = static_rows && overlaid ? gen_lookup(&class_eqs, gen, &cls) : e;
+	out->set = static_rows && ce ? ce->set : 0;
 	return 0;
 }
 

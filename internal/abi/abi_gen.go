@@ -198,6 +198,8 @@ type ClassEqs struct {
 	_   structs.HostLayout
 	Src uint32
 	Dst uint32
+	Set uint32
+	Pad uint32
 }
 
 // Live is struct live.
@@ -242,10 +244,10 @@ type Config struct {
 	NeedSrc         uint8
 	NeedDst         uint8
 	Pad             [2]uint8
-	RowsBase        uint32
 	RowWords        uint32
 	SetsBase        uint32
 	Gen             uint32
+	Pad2            uint32
 	_               [4]byte
 }
 

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/rampart-fw/rampart/internal/abi"
 )
@@ -15,18 +16,18 @@ import (
 // trees (bpf/common.h): what each field's values are to the rules, and trees
 // over those eqs down to leaves of the few entries a frame may match.
 type Classifier struct {
-	Tree  []uint32 // the trees, then the classes' rows (Rows)
+	Tree  []uint32 // the trees, then the rows of static lists (Rows.Bits)
 	Roots []uint32
-	// Where the rows are in Tree: Rows.Set from RowsBase, Rows.Bits from
-	// SetsBase, RowWords words a row.
-	RowsBase, RowWords, SetsBase uint32
-	FieldEqs                     []uint32       // abi.FieldValues entries, by field base and value
-	ClassEqs                     []abi.ClassEqs // by address class
+	// Where the rows are in Tree: from SetsBase, RowWords words a row; a
+	// class's row is its ClassEqs' Set.
+	SetsBase, RowWords uint32
+	FieldEqs           []uint32       // abi.FieldValues entries, by field base and value
+	ClassEqs           []abi.ClassEqs // by address class
 }
 
 // KernelBytes is the kernel memory the classifier's maps take.
 func (c *Classifier) KernelBytes() uint64 {
-	return uint64(len(c.Tree)+len(c.FieldEqs))*4 + uint64(len(c.ClassEqs))*8
+	return uint64(len(c.Tree)+len(c.FieldEqs))*4 + uint64(len(c.ClassEqs))*uint64(unsafe.Sizeof(abi.ClassEqs{}))
 }
 
 // LeafMax is the most entries a leaf holds when a field is left to split
@@ -481,10 +482,11 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 	}
 	c.Tree = b.tree
 	if rows != nil {
-		c.RowsBase, c.RowWords = uint32(len(c.Tree)), uint32(rows.Words)
-		c.Tree = append(c.Tree, rows.Set...)
-		c.SetsBase = uint32(len(c.Tree))
+		c.SetsBase, c.RowWords = uint32(len(c.Tree)), uint32(rows.Words)
 		c.Tree = append(c.Tree, rows.Bits...)
+		for v, s := range rows.Set {
+			c.ClassEqs[v].Set = s
+		}
 	}
 	return c
 }

@@ -56,11 +56,12 @@ func Build(pol *policy.Policy) *Image {
 }
 
 // Rows are the rows of the address classes' static lists: Set gives each
-// class its set of static ways (0 for none, else a row), and bit j of set
-// s's row (words (s-1)*Words on of Bits) says whether the set meets the
-// static part of entries' sides numbered j (abi.Rule's SrcRow), from 1. A
-// row is a set's, not a class's: classes are many (a feed's victims make
-// one each), sets of static lists few.
+// class its set of static ways (0 for none, else a row; the kernel has it
+// in the class's abi.ClassEqs), and bit j of set s's row (words
+// (s-1)*Words on of Bits) says whether the set meets the static part of
+// entries' sides numbered j (abi.Rule's SrcRow), from 1. A row is a
+// set's, not a class's: classes are many (a feed's victims make one
+// each), sets of static lists few.
 type Rows struct {
 	Words int
 	Set   []uint32 // by class

@@ -93,9 +93,10 @@ func (img *Image) Hash() string {
 	binary.Write(h, binary.LittleEndian, []uint8{img.DefaultAction, img.UnparsedAction, img.MalformedAction})
 	h.Write(AsBytes(img.Limits))
 	if img.RowWords > 0 { // the classes' static lists, which their masks do not say
-		rows := AsBytes(img.Tree[img.RowsBase:])
-		binary.Write(h, binary.LittleEndian, []uint64{uint64(img.RowWords), uint64(len(rows))})
+		rows, sets := AsBytes(img.Tree[img.SetsBase:]), AsBytes(img.ClassEqs)
+		binary.Write(h, binary.LittleEndian, []uint64{uint64(img.RowWords), uint64(len(rows)), uint64(len(sets))})
 		h.Write(rows)
+		h.Write(sets)
 	}
 	t := &img.Tables
 	for _, part := range [][]byte{AsBytes(t.V4Blocks), AsBytes(t.V4BlockMul[:]), AsBytes(t.V4Wide), AsBytes(t.V4WideMul[:]),

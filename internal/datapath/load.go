@@ -414,7 +414,7 @@ func outerMap(spec *ebpf.MapSpec, inner *ebpf.Map) (*ebpf.Map, error) {
 func (o *Objects) fill(img *compile.Image) error {
 	cfg := abi.Config{Lists: listParams(&img.Tables), LimitBuckets: uint32(limitBuckets(img)), DefaultAction: img.DefaultAction,
 		UnparsedAction: img.UnparsedAction, MalformedAction: img.MalformedAction, NeedL4: b2u8(img.NeedL4), NeedSrc: b2u8(img.NeedSrc),
-		NeedDst: b2u8(img.NeedDst), NumTrees: uint32(len(img.Roots)), RowsBase: img.RowsBase, RowWords: img.RowWords, SetsBase: img.SetsBase}
+		NeedDst: b2u8(img.NeedDst), NumTrees: uint32(len(img.Roots)), RowWords: img.RowWords, SetsBase: img.SetsBase}
 	copy(cfg.TreeRoots[:], img.Roots)
 	if err := o.Configs.Put(uint32(0), cfg); err != nil {
 		return fmt.Errorf("write the settings: %w", err)
