@@ -196,8 +196,8 @@ struct config {
 	__u8 need_dst;
 	__u8 pad[2];
 	/* The rows of static lists (struct rule's src_row), in the tree
-	 * array from word sets_base: set s's (struct class_eqs) at
-	 * (s - 1) * row_words. */
+	 * array from word sets_base: the row of set s (struct class_eqs'
+	 * set) at (s - 1) * row_words. */
 	__u32 row_words;
 	__u32 sets_base;
 	__u32 gen; /* this generation's slot: what in_row looks its tree up in */

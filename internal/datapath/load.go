@@ -671,7 +671,7 @@ func (o *Objects) Activate() error {
 	}
 	// The settings say their slot: in_row, a global function the
 	// verifier checks once, has the generation through them. (An older
-	// build's settings are smaller, and its programs do not read it.)
+	// build's programs do not read it, and its settings may be smaller.)
 	if o.ours() {
 		var cfg abi.Config
 		err := o.Configs.Lookup(uint32(0), &cfg)

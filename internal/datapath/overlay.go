@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -309,8 +310,9 @@ func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 	for _, e := range v6 {
 		deltas[e.Overlay] = true
 	}
-	if len(deltas) == 0 {
-		return nil
+	size := uint32(unsafe.Sizeof(abi.ClassEqs{}))
+	if len(deltas) == 0 || o.ClassEqs.ValueSize() != size || o.MaskEqs.ValueSize() != size {
+		return nil // an older build's maps: their masks stay under EQ_ANY
 	}
 	masks, err := readArray[uint64](o.Classes)
 	if err != nil {
@@ -322,6 +324,9 @@ func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 	}
 	known := make(map[uint64]abi.ClassEqs, len(masks))
 	for c, m := range masks {
+		if c > 0 && m == 0 {
+			continue // past the classes: no class but 0 has no list, prefix or static list
+		}
 		if c < len(eqs) && m&compile.ClassUnmasked == 0 {
 			known[m] = eqs[c]
 		}
