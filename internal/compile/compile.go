@@ -18,7 +18,7 @@ import (
 // inline prefix an entry checks by its bits (policy.SplitSide) an id.
 func Build(pol *policy.Policy) *Image {
 	use := pol.ListUse()
-	b := builder{pol: pol, bits: use.Bits(), static: use.Static(), ids: map[netip.Prefix]uint32{}, parts: map[string]uint16{}}
+	b := builder{pol: pol, bits: use.Bits(), static: use.Static(), ids: map[netip.Prefix]uint32{}, parts: newStaticSets()}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
 		Limits: make([]abi.Limit, len(pol.Rules)), Rules: make([]abi.Rule, 0, len(pol.Rules))}
 	b.img = img
@@ -78,16 +78,17 @@ func (r *Rows) of(cls int) []uint32 {
 
 // rows are t's classes' rows of the sides' static parts; nil without.
 func (b *builder) rows(t *Tables) *Rows {
-	if len(b.partWays) == 0 {
+	parts := b.parts.sets // by row bit: the ways; 0 is none
+	if len(parts) == 1 {
 		return nil
 	}
 	partsOf := map[uint32][]uint16{} // by way, the parts naming it
-	for j, ways := range b.partWays {
+	for j, ways := range parts {
 		for _, w := range ways {
-			partsOf[w] = append(partsOf[w], uint16(j+1))
+			partsOf[w] = append(partsOf[w], uint16(j))
 		}
 	}
-	r := &Rows{Words: (len(b.partWays) + 1 + 31) / 32, Set: make([]uint32, len(t.Classes))}
+	r := &Rows{Words: (len(parts) + 31) / 32, Set: make([]uint32, len(t.Classes))}
 	row := map[uint32]uint32{0: 0} // by set of static ways, its row
 	for c, set := range t.classStatic {
 		s, ok := row[set]
@@ -113,8 +114,7 @@ type builder struct {
 	img      *Image
 	bits     map[string]uint64
 	static   map[string]uint32       // the lists of static ways: their way
-	parts    map[string]uint16       // a side's static ways (their bytes) -> its row bit
-	partWays [][]uint32              // by row bit - 1: the ways, sorted
+	parts    *staticSets             // the sides' sets of static ways: a set's id is its row bit
 	ids      map[netip.Prefix]uint32 // from 1
 	prefixes []netip.Prefix          // by id - 1
 	src, dst []uint32                // by entry: its inline prefix's id, 0 for none
@@ -244,23 +244,12 @@ func (b *builder) sides(refs []string, bits *policy.AddrBits, need *bool) []side
 	return out
 }
 
-// part is the row bit of a side's static ways, 0 for none.
+// part is the row bit of a side's static ways, 0 for none: the id of
+// their set (policy.ListUse.Fits bounds the sides naming lists by
+// abi.MaxRowBits, and so the sets).
 func (b *builder) part(ways []uint32) uint16 {
-	if len(ways) == 0 {
-		return 0
-	}
 	slices.Sort(ways)
-	ways = slices.Compact(ways)
-	key := string(waysBytes(ways))
-	j, ok := b.parts[key]
-	if !ok {
-		// policy.ListUse.Fits bounds the sides naming lists by
-		// abi.MaxRowBits, and so the parts.
-		b.partWays = append(b.partWays, ways)
-		j = uint16(len(b.partWays))
-		b.parts[key] = j
-	}
-	return j
+	return uint16(b.parts.id(slices.Compact(ways)))
 }
 
 // put writes the side into entry e's fields of that side.

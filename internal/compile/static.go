@@ -21,6 +21,9 @@ func newStaticSets() *staticSets {
 
 // id is the number of the set of ways, sorted; ways is not kept.
 func (s *staticSets) id(ways []uint32) uint32 {
+	if len(ways) == 0 { // most addresses and sides: no map lookup
+		return 0
+	}
 	if id, ok := s.of[string(waysBytes(ways))]; ok { // no allocation
 		return id
 	}

@@ -169,12 +169,7 @@ func (fw *Firewall) ChangeList(c ListChange) (*ListChanged, error) {
 		}
 		return nil, fmt.Errorf("list %q is not used by any applied policy%s (lists in use: %s)%s", c.List, fw.inNetns(), strings.Join(known, ", "), hint)
 	}
-	// The newest generations' bits are the users'; an addition reads
-	// no more records but while a rollback may come (each ban's cost).
-	others, static, err := fw.bitUse(c.List, !c.Add)
-	for _, u := range users {
-		static = static || u.info.Bit == 0
-	}
+	others, static, err := fw.bitUse(c.List, users)
 	switch {
 	case err != nil:
 		return nil, err
@@ -261,34 +256,32 @@ func (fw *Firewall) RestoreChanges(saved []policy.ListOp) (int, error) {
 	for _, o := range ops {
 		held[keyOf(o)] = true
 	}
-	used := map[string]bool{}
-	type bitUse struct {
+	type listUse struct {
+		inUse  bool
 		others []string // the lists sharing its bit
 		static bool
 	}
-	uses := map[string]bitUse{} // by list
-	var refused []policy.ListOp // removals from lists sharing a bit, changes to static ones
+	uses := map[string]*listUse{} // by list
+	var refused []policy.ListOp   // removals from lists sharing a bit, changes to static ones
 	touched, n := map[string]bool{}, 0
 	seq, err := fw.nextSeqOf(ops)
 	if err != nil {
 		return 0, err
 	}
 	for _, op := range unexpired(saved, time.Now()) {
-		inUse, known := used[op.List]
-		if !known {
+		use := uses[op.List]
+		if use == nil {
+			use = &listUse{}
 			users, _, err := fw.listUsers(op.List)
-			inUse = err == nil && len(users) > 0
-			used[op.List] = inUse
-		}
-		if !inUse || held[keyOf(op)] {
-			continue
-		}
-		use, checked := uses[op.List]
-		if !checked {
-			if use.others, use.static, err = fw.bitUse(op.List, true); err != nil {
-				return 0, err
+			if use.inUse = err == nil && len(users) > 0; use.inUse {
+				if use.others, use.static, err = fw.bitUse(op.List, users); err != nil {
+					return 0, err
+				}
 			}
 			uses[op.List] = use
+		}
+		if !use.inUse || held[keyOf(op)] {
+			continue
 		}
 		if use.static || !op.Add && len(use.others) > 0 {
 			refused = append(refused, op)
@@ -365,40 +358,43 @@ type listUser struct {
 }
 
 // bitUse is how list takes the membership mask (policy.ListUse) in the
-// generations a hook may go back to (an unconfirmed apply's previous one,
-// whose overlay the rollback makes from the live changes) and, with
-// newest, those it runs: the other lists whose bit is its, sorted, in the
-// first generation where some are; and whether it has no bit in one (a
-// static way's list).
-func (fw *Firewall) bitUse(list string, newest bool) (others []string, static bool, err error) {
+// generations of its users (the newest of each hook using it) and in
+// those a hook may go back to (an unconfirmed apply's previous one, whose
+// overlay the rollback makes from the live changes): the other lists
+// whose bit is its, sorted, in the first generation where some are; and
+// whether it has no bit in one (a static way's list).
+func (fw *Firewall) bitUse(list string, users []listUser) (others []string, static bool, err error) {
+	check := func(g *generation) {
+		if info, ok := g.Lists[list]; ok && info.Bit == 0 {
+			static = true
+		}
+		if len(others) == 0 {
+			others = g.sharing(list)
+		}
+	}
+	for _, u := range users {
+		check(u.gen)
+	}
 	err = fw.eachHook(func(h Hook, st *hookState) error {
-		var gens []int
-		if newest {
-			gens = append(gens, fw.newest(h, st))
+		if st.pending == nil || st.pending.Previous == 0 {
+			return nil
 		}
-		if st.pending != nil && st.pending.Previous != 0 {
-			gens = append(gens, st.pending.Previous)
-		}
-		for _, n := range gens {
-			g, err := fw.readGen(h, n)
-			if err != nil || g == nil {
-				continue
-			}
-			if info, ok := g.Lists[list]; ok && info.Bit == 0 {
-				static = true
-			}
-			if len(others) > 0 {
-				continue
-			}
-			bits := make(map[string]uint64, len(g.Lists))
-			for name, info := range g.Lists {
-				bits[name] = info.Bit
-			}
-			others = sharing(bits, list)
+		if g, err := fw.readGen(h, st.pending.Previous); err == nil && g != nil {
+			check(g)
 		}
 		return nil
 	})
 	return others, static, err
+}
+
+// sharing are the other lists whose bit of the membership mask is list's
+// (policy.ListUse), sorted.
+func (g *generation) sharing(list string) []string {
+	bits := make(map[string]uint64, len(g.Lists))
+	for name, info := range g.Lists {
+		bits[name] = info.Bit
+	}
+	return sharing(bits, list)
 }
 
 func sharing(bits map[string]uint64, list string) []string {
