@@ -120,6 +120,9 @@ func (g *globals) printApplied(res *engine.ApplyResult) error {
 		if a.Note != "" {
 			fmt.Fprintf(g.env.Stdout, "%s: %s\n", a.Iface, a.Note)
 		}
+		if a.FileChanges > 0 {
+			fmt.Fprintf(g.env.Stdout, "%s: the lists' changes went into the overlay over the tables, as %d prefixes\n", a.Iface, a.FileChanges)
+		}
 	}
 	if n := len(res.LiveChanges); n > 0 {
 		fmt.Fprintf(g.env.Stdout, "%d live list changes override the list files (rampart list show; rampart list revert to drop them).\n", n)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -46,7 +47,11 @@ type Applied struct {
 	Generation int           `json:"generation"`
 	PolicyHash string        `json:"policy_hash"`
 	Rules      int           `json:"rules"`
-	Note       string        `json:"note,omitempty"` // why auto did not get XDP
+	// FileChanges: the generation is the tables of the one before under
+	// the changes of the lists' files, in this many prefixes of its
+	// overlay (listchange.go); 0 for a compiled one.
+	FileChanges int    `json:"file_changes,omitempty"`
+	Note        string `json:"note,omitempty"` // why auto did not get XDP
 }
 
 // ApplyResult says what an apply did.
@@ -208,9 +213,33 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	}, len(pols))
 	var kernelBytes uint64
 	for i, pol := range pols {
+		shape := fw.sharedShape(hooksOf(hooks, polOf, i))
+		if req.Fold == nil && slices.ContainsFunc(slices.Collect(maps.Values(pol.Lists)), keepsBase) { // else no base was kept
+			var lives []*generation
+			for j, h := range hooks {
+				if polOf[h.Iface] == i {
+					g := <-olds[j]
+					olds[j] <- g
+					if states[j].pending != nil {
+						g = nil // an apply to confirm first: its rollback takes the live changes only
+					}
+					lives = append(lives, g)
+				}
+			}
+			objs, meta, ok, err := fw.overLists(pol, hooksOf(hooks, polOf, i), lives, shape, ops)
+			if err != nil {
+				shape.Close()
+				return nil, fmt.Errorf("apply %s: %w", pol.File, err)
+			}
+			if ok {
+				shape.Close()
+				defer objs.Close()
+				loaded[i].objs, loaded[i].meta = objs, meta
+				continue
+			}
+		}
 		// The maps of a new generation of the hooks' programs are made
 		// while the policy compiles, in case it fits their shape.
-		shape := fw.sharedShape(hooksOf(hooks, polOf, i))
 		spare := datapath.MakeSpare(shape)
 		img := compile.Build(pol)
 		kernelBytes += img.KernelBytes()
@@ -396,9 +425,23 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 	for i, r := range pol.Rules {
 		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: matchDigest(keys[i]), Action: r.Action.String()})
 	}
+	// What a later change of the lists' contents alone is carried over
+	// (listchange.go), when a list is large enough to keep.
+	carries := slices.ContainsFunc(slices.Collect(maps.Values(pol.Lists)), keepsBase)
+	if carries {
+		g.Skeleton, g.BaseHash, g.bases = skeleton(pol), hash, map[string]*policy.List{}
+	}
 	for name, bit := range img.Lists {
 		if l := pol.Lists[name]; !l.Inline.IsValid() { // a rule's prefix is no list to change live
-			g.Lists[name] = ListInfo{Bit: bit, Family: l.Family}
+			info := ListInfo{Bit: bit, Family: l.Family}
+			if carries {
+				info.Digest = contentDigest(l)
+				if keepsBase(l) {
+					info.Base = info.Digest
+					g.bases[name] = l
+				}
+			}
+			g.Lists[name] = info
 		}
 	}
 	return g
@@ -475,6 +518,8 @@ func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *dat
 		return Applied{}, drop(err)
 	}
 	reach("pinned")
+	g.Lists = maps.Clone(g.Lists) // hooks sharing a generation keep their bases apart
+	fw.keepBases(h, old, &g)
 	// What must be written is written before the swap: a full disk fails
 	// here, with the running policy untouched.
 	if err := fw.writeGen(h, &g); err != nil {
@@ -513,7 +558,7 @@ func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *dat
 	if err := fw.writeGen(h, &g); err != nil {
 		return Applied{}, err
 	}
-	return Applied{Hook: h, Mode: mode, Generation: g.N, PolicyHash: g.PolicyHash, Rules: len(g.Rules), Note: note}, nil
+	return Applied{Hook: h, Mode: mode, Generation: g.N, PolicyHash: g.PolicyHash, Rules: len(g.Rules), FileChanges: len(g.FileOps), Note: note}, nil
 }
 
 // restorePending puts back the journal an install replaced (nil: none).

@@ -50,14 +50,19 @@ func (g *generation) overlay(ops []policy.ListOp) ([]compile.OverlayEntry[abi.LP
 	return compile.Overlay(bits, ops)
 }
 
-// overlayOps are the ops the generation's overlay holds (see above).
+// overlayOps are the ops the generation's overlay holds (see above), after
+// the changes of its lists' files since its tables were compiled (FileOps),
+// which are older than any.
 func (g *generation) overlayOps(ops []policy.ListOp) []policy.ListOp {
 	if len(g.Folded) == 0 {
-		return ops
+		return append(slices.Clip(g.FileOps), ops...)
 	}
-	var held []policy.ListOp
+	held := slices.Clone(g.FileOps)
 	folded := map[string][]policy.ListOp{} // by list
 	old := map[string][]netip.Prefix{}     // unfolded changes no later than the folded ones
+	for _, op := range g.FileOps {
+		old[op.List] = append(old[op.List], op.Prefix)
+	}
 	for _, op := range ops {
 		switch {
 		case g.folded(op):

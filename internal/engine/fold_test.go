@@ -7,12 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-
 	"github.com/rampart-fw/rampart/internal/abi"
 	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
-	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
 )
 
@@ -41,54 +38,12 @@ func TestFoldedChanges(t *testing.T) {
 
 	prefixes := []string{"10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32", "10.1.2.128/25", "10.2.3.4/32", "10.3.0.0/16",
 		"2001:db8::/32", "2001:db8:1::/48", "2001:db8:1:2::/64", "2001:db8:1:2::5/128", "2001:db8:2::/48"}
-	var probes []netip.Addr
-	for _, s := range prefixes {
-		pf := netip.MustParsePrefix(s)
-		last := policy.PrefixRange6(pf).Hi.Addr()
-		if pf.Addr().Is4() {
-			last = policy.UintToV4(policy.PrefixRange4(pf).Hi)
-		}
-		probes = append(probes, pf.Addr(), pf.Addr().Prev(), last, last.Next())
-	}
 	rng := rand.New(rand.NewPCG(5, 8))
-	for range 100 {
-		probes = append(probes, netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(4)), byte(rng.IntN(256))}),
-			netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, byte(rng.IntN(3)), 0, byte(rng.IntN(3)), 15: byte(rng.IntN(8))}))
-	}
-	probes = slices.DeleteFunc(probes, func(a netip.Addr) bool { return !a.IsValid() })
+	probes := probesOf(prefixes, rng)
 
 	check := func(step string) {
 		t.Helper()
-		ops, err := fw.Changes()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ref := parse(t, dir, "p.yaml", text)
-		for _, op := range ops {
-			ref.Lists[op.List].Ops = append(ref.Lists[op.List].Ops, op)
-		}
-		prog, err := fw.Program(h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer prog.Close()
-		for _, a := range probes {
-			dst := netip.MustParseAddr("192.0.2.1")
-			if a.Is6() {
-				dst = netip.MustParseAddr("2001:db8:ff::1")
-			}
-			want := uint32(2) // XDP_PASS
-			if !ref.Lists["b"].Contains(a) && ref.Lists["a"].Contains(a) {
-				want = 1 // XDP_DROP
-			}
-			got, err := prog.Run(&ebpf.RunOptions{Data: packet.Frame{Src: a, Dst: dst, Proto: 17, Sport: 1, Dport: 2}.Bytes()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got != want {
-				t.Fatalf("%s: %s judged %d, the lists with their changes say %d (changes %v)", step, a, got, want, ops)
-			}
-		}
+		judgeLists(t, fw, h, probes, step, parse(t, dir, "p.yaml", text))
 	}
 	overlaySize := func() int {
 		t.Helper()

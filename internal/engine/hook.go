@@ -71,6 +71,10 @@ type RuleInfo struct {
 type ListInfo struct {
 	Bit    uint64 `json:"bit"`
 	Family int    `json:"family,omitempty"`
+	// Digest is of what the tables hold of the list, Base that digest
+	// when the generation keeps those contents (listchange.go).
+	Digest string `json:"digest,omitempty"`
+	Base   string `json:"base,omitempty"`
 }
 
 // generation describes one pinned generation of a hook's objects.
@@ -99,6 +103,16 @@ type generation struct {
 	// to FoldedSeq; Folded counts them by list.
 	FoldedSeq uint64         `json:"folded_seq,omitempty"`
 	Folded    map[string]int `json:"folded,omitempty"`
+	// Skeleton is a digest of the policy but its lists' contents, BaseHash
+	// the hash of the image the tables were compiled from, and FileOps
+	// what the lists' files changed since, which the overlay holds before
+	// every live change (listchange.go).
+	Skeleton string          `json:"skeleton,omitempty"`
+	BaseHash string          `json:"base_hash,omitempty"`
+	FileOps  []policy.ListOp `json:"file_ops,omitempty"`
+	// bases are the lists whose contents the generation keeps, for
+	// keepBases to write.
+	bases map[string]*policy.List
 }
 
 // syncookie reports whether the generation answers SYNs with cookies, which
@@ -312,7 +326,7 @@ func (fw *Firewall) newest(h Hook, st *hookState) int {
 
 // removeGen removes a generation's pins and description.
 func (fw *Firewall) removeGen(h Hook, n int) error {
-	return errors.Join(removeAll(fw.genPins(h, n)), removeFile(fw.genFile(h, n)))
+	return errors.Join(removeAll(fw.genPins(h, n)), removeFile(fw.genFile(h, n)), removeAll(fw.basesDir(h, n)))
 }
 
 func removeAll(path string) error {

@@ -1,0 +1,198 @@
+package engine
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/rampart-fw/rampart/internal/datapath"
+	"github.com/rampart-fw/rampart/internal/packet"
+	"github.com/rampart-fw/rampart/internal/policy"
+)
+
+// TestListFileChanges: a change to what list files hold, the policy
+// otherwise the same, is carried by a new generation over the live one's
+// tables, and the program the kernel runs judges as a compile would.
+// Random contents for two lists' files (nested prefixes of both
+// families), live changes, reverts and applies that fold, in random
+// order; after each step every probe (each prefix's edges and random
+// addresses) is judged as the files with the live changes say.
+func TestListFileChanges(t *testing.T) {
+	p, fw := firewallOnPair(t)
+	h := Hook{Iface: p.IfB}
+	defer func(n int) { baseRanges = n }(baseRanges)
+	baseRanges = 1 // every list keeps its base
+
+	pool := []string{"10.0.0.0/8", "10.1.0.0/16", "10.1.2.0/24", "10.1.2.3/32", "10.1.2.128/25", "10.2.3.4/32", "10.3.0.0/16",
+		"10.1.2.4/30", "10.2.0.0/15", "2001:db8::/32", "2001:db8:1::/48", "2001:db8:1:2::/64", "2001:db8:1:2::5/128",
+		"2001:db8:2::/48", "2001:db8:1:2::4/126"}
+	probes := probesOf(pool, rand.New(rand.NewPCG(1, 2)))
+	rng := rand.New(rand.NewPCG(7, 9))
+	dir := t.TempDir()
+	files := map[string]string{"a": filepath.Join(dir, "a.list"), "b": filepath.Join(dir, "b.list")}
+	write := func(list string) {
+		var lines []string
+		for _, s := range pool {
+			if rng.IntN(3) == 0 {
+				lines = append(lines, s)
+			}
+		}
+		if err := os.WriteFile(files[list], []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a")
+	write("b")
+	text := "lists:\n  a: {files: [" + files["a"] + "]}\n  b: {files: [" + files["b"] + "]}\n" +
+		"rules:\n  - {name: b, src: b, action: pass}\n  - {name: a, src: a, action: drop}\ndefault: pass\n"
+	all := func(string) bool { return true }
+	apply := func(fold func(string) bool) Applied {
+		t.Helper()
+		res, err := fw.Apply(ApplyRequest{Policy: parse(t, dir, "p.yaml", text), Ifaces: []string{p.IfB}, Mode: datapath.ModeXDPNative, Fold: fold})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Applied[0]
+	}
+	apply(nil)
+
+	check := func(step string) {
+		t.Helper()
+		judgeLists(t, fw, h, probes, step, parse(t, dir, "p.yaml", text))
+	}
+
+	carried, compiled := 0, 0
+	for i := range 150 {
+		step := ""
+		switch k := rng.IntN(20); {
+		case k < 8:
+			before, program := liveGen(t, fw, h), linkProgram(t, fw, h)
+			write([]string{"a", "b"}[rng.IntN(2)])
+			a := apply(nil)
+			g := liveGen(t, fw, h)
+			if linkProgram(t, fw, h) != program {
+				t.Fatalf("step %d: a change of the files alone loaded a new program", i)
+			}
+			if g.BaseHash != before.BaseHash || len(g.FileOps) != a.FileChanges {
+				t.Fatalf("step %d: a change of the files alone compiled (base %s, was %s) or misreports its %d overlay prefixes (%d)",
+					i, g.BaseHash, before.BaseHash, len(g.FileOps), a.FileChanges)
+			}
+			if len(g.FileOps) == 0 && g.PolicyHash != g.BaseHash {
+				t.Fatalf("step %d: the files back as compiled, yet the policy hash is %s, not the tables' %s", i, g.PolicyHash, g.BaseHash)
+			}
+			carried++
+			step = "files changed"
+		case k < 14:
+			c := ListChange{List: []string{"a", "b"}[rng.IntN(2)], Add: rng.IntN(3) != 0}
+			for range 1 + rng.IntN(2) {
+				c.Prefixes = append(c.Prefixes, netip.MustParsePrefix(pool[rng.IntN(len(pool))]))
+			}
+			if _, err := fw.ChangeList(c); err != nil {
+				t.Fatal(err)
+			}
+			step = "live change"
+		case k < 16:
+			g := liveGen(t, fw, h)
+			removed, err := fw.RevertList([]string{"a", "b"}[rng.IntN(2)], nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if slices.ContainsFunc(removed, g.folded) {
+				apply(all) // as the daemon does: the rebuild a folded change reverted owes
+			}
+			step = "revert"
+		default:
+			apply(all)
+			if g := liveGen(t, fw, h); len(g.FileOps) != 0 {
+				t.Fatalf("step %d: a fold compiles the files, yet %d of their changes stay in the overlay", i, len(g.FileOps))
+			}
+			compiled++
+			step = "fold"
+		}
+		check(step)
+	}
+	t.Logf("%d changes of the files carried, %d folds", carried, compiled)
+	if carried < 30 || compiled < 10 {
+		t.Errorf("too few file changes (%d) or folds (%d) to mean anything", carried, compiled)
+	}
+
+	// A rule changed compiles, and what a generation's base is, goes with
+	// the generations that keep it.
+	before := liveGen(t, fw, h)
+	text = strings.Replace(text, "default: pass", "default: pass\nunparsed: pass", 1)
+	if a := apply(nil); a.FileChanges != 0 || liveGen(t, fw, h).BaseHash == before.BaseHash {
+		t.Fatalf("a rule changed: %d changes carried over the old tables", a.FileChanges)
+	}
+	check("rule changed")
+	left, err := filepath.Glob(filepath.Join(fw.stateDir(h), "gen-*.lists", "*"))
+	if err != nil || len(left) != 2 {
+		t.Fatalf("bases kept: %v, %v: want the live generation's two", left, err)
+	}
+}
+
+// probesOf are the edges of each prefix of pool, and random addresses in
+// and around them.
+func probesOf(pool []string, rng *rand.Rand) []netip.Addr {
+	var probes []netip.Addr
+	for _, s := range pool {
+		pf := netip.MustParsePrefix(s)
+		last := policy.PrefixRange6(pf).Hi.Addr()
+		if pf.Addr().Is4() {
+			last = policy.UintToV4(policy.PrefixRange4(pf).Hi)
+		}
+		probes = append(probes, pf.Addr(), pf.Addr().Prev(), last, last.Next())
+	}
+	for range 100 {
+		probes = append(probes, netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(4)), byte(rng.IntN(256))}),
+			netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 0, byte(rng.IntN(3)), 0, byte(rng.IntN(3)), 15: byte(rng.IntN(8))}))
+	}
+	return slices.DeleteFunc(probes, func(a netip.Addr) bool { return !a.IsValid() })
+}
+
+// judgeLists judges probes as pol's lists a and b with the live changes
+// say: dropped when in a and not in b.
+func judgeLists(t *testing.T, fw *Firewall, h Hook, probes []netip.Addr, step string, pol *policy.Policy) {
+	t.Helper()
+	ops, err := fw.Changes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range ops {
+		pol.Lists[op.List].Ops = append(pol.Lists[op.List].Ops, op)
+	}
+	judge(t, fw, h, probes, step, func(a netip.Addr) bool { return !pol.Lists["b"].Contains(a) && pol.Lists["a"].Contains(a) })
+}
+
+// judge runs a UDP frame from each probe through the program the hook's
+// link runs: dropped exactly where drop says.
+func judge(t *testing.T, fw *Firewall, h Hook, probes []netip.Addr, step string, drop func(netip.Addr) bool) {
+	t.Helper()
+	prog, err := fw.Program(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	for _, a := range probes {
+		dst := netip.MustParseAddr("192.0.2.1")
+		if a.Is6() {
+			dst = netip.MustParseAddr("2001:db8:ff::1")
+		}
+		want := uint32(2) // XDP_PASS
+		if drop(a) {
+			want = 1 // XDP_DROP
+		}
+		got, err := prog.Run(&ebpf.RunOptions{Data: packet.Frame{Src: a, Dst: dst, Proto: 17, Sport: 1, Dport: 2}.Bytes()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Fatalf("%s: %s judged %d, want %d", step, a, got, want)
+		}
+	}
+}
