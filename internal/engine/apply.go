@@ -214,7 +214,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	var kernelBytes uint64
 	for i, pol := range pols {
 		shape := fw.sharedShape(hooksOf(hooks, polOf, i))
-		if req.Fold == nil && slices.ContainsFunc(slices.Collect(maps.Values(pol.Lists)), keepsBase) { // else no base was kept
+		if slices.ContainsFunc(slices.Collect(maps.Values(pol.Lists)), keepsBase) { // else no base was kept
 			var lives []*generation
 			for j, h := range hooks {
 				if polOf[h.Iface] == i {
@@ -226,7 +226,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 					lives = append(lives, g)
 				}
 			}
-			objs, meta, ok, err := fw.overLists(pol, hooksOf(hooks, polOf, i), lives, shape, ops)
+			objs, meta, ok, err := fw.overLists(pol, hooksOf(hooks, polOf, i), lives, shape, ops, req.Fold)
 			if err != nil {
 				shape.Close()
 				return nil, fmt.Errorf("apply %s: %w", pol.File, err)

@@ -186,7 +186,7 @@ func (fw *Firewall) readBase(h Hook, n int, name, digest string) (*policy.List, 
 // their records), when it is a change of lists' contents alone that the
 // overlay can take; ok is false otherwise, and nothing is made. ops are
 // the live changes.
-func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generation, shape *datapath.Objects, ops []policy.ListOp) (objs *datapath.Objects, meta generation, ok bool, err error) {
+func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generation, shape *datapath.Objects, ops []policy.ListOp, fold func(list string) bool) (objs *datapath.Objects, meta generation, ok bool, err error) {
 	if shape == nil || len(olds) == 0 {
 		return nil, meta, false, nil
 	}
@@ -195,6 +195,12 @@ func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generati
 		if o == nil || o.Skeleton == "" || !sameTables(o, g) {
 			return nil, meta, false, nil
 		}
+	}
+	switch {
+	case fold != nil && !g.foldsAll(ops, fold):
+		return nil, meta, false, nil // changes to fold: the tables are to be compiled
+	case fold == nil && slices.ContainsFunc(ops, g.folded):
+		return nil, meta, false, nil // an apply that does not fold takes folded changes out of the tables
 	}
 	if g.Skeleton != skeleton(pol) {
 		return nil, meta, false, nil
@@ -239,6 +245,28 @@ func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generati
 		return nil, meta, false, nil
 	}
 	return objs, meta, err == nil, err
+}
+
+// foldsAll reports whether the generation's tables hold every change an
+// apply folding the lists fold names would take, and still hold every
+// change they took (none was reverted since): a fold would compile the
+// tables the generation has.
+func (g *generation) foldsAll(ops []policy.ListOp, fold func(list string) bool) bool {
+	held := map[string]int{}
+	for _, op := range ops {
+		switch {
+		case g.folded(op):
+			held[op.List]++
+		case fold(op.List) && op.Expires.IsZero():
+			return false
+		}
+	}
+	for list, n := range g.Folded {
+		if held[list] < n {
+			return false
+		}
+	}
+	return true
 }
 
 // sameTables reports whether two hooks' records describe one generation
