@@ -303,6 +303,11 @@ enum cuckoo {
  *          base class: both classes and the addresses' last octets (four
  *          here, four more in the slot's octets), so the common sparse
  *          block (a few listed hosts) needs no second read;
+ *  PAIRS   a block holding at most V4_PAIRS addresses of classes other
+ *          than a base class, each of its own: the base class, then an
+ *          octet and its class per address (two in the entry, one in the
+ *          slot's octets; unused ones repeat the first), so that hosts of
+ *          several lists sharing a /24 need no second read either;
  *  TBL8    any mix: an index into v4_tbl8s.
  * A block of two classes in any other pattern is a dense block instead: in
  * a cuckoo hash of its own (struct v4_dense), read beside the blocks' so
@@ -311,11 +316,15 @@ enum v4_entry {
 	V4E_TYPE_SHIFT = 62,
 	V4E_CLASS = 0,
 	V4E_INLINE = 1,
-	V4E_TBL8 = 3, /* 2 is free */
+	V4E_PAIRS = 2,
+	V4E_TBL8 = 3,
 	V4_INLINE = 8,             /* last octets of an INLINE block */
 	V4_INLINE_CLASS_BITS = 12, /* an INLINE entry's classes are below 4096 */
 	V4E_HIT_SHIFT = 12,        /* bits 0-11 base class, 12-23 hit class, */
 	V4E_OCTETS_SHIFT = 24,     /* 24-55 octets 0-3 (unused ones repeat the first) */
+	V4_PAIRS = 3,              /* addresses of a PAIRS block */
+	V4_PAIR_BITS = 20,         /* a pair: its octet, then its class (12 bits), */
+	V4E_PAIRS_SHIFT = 12,      /* from bit 12 of the entry, and the third in octets */
 	V4_BLOCKS = 1u << 24,
 };
 

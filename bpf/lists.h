@@ -178,6 +178,17 @@ static __always_inline __u32 v4_class(const struct list_params *lp, __u32 gen, c
 			return (e >> V4E_HIT_SHIFT) & mask;
 		return e & mask;
 	}
+	case V4E_PAIRS: {
+		__u32 mask = (1u << V4_INLINE_CLASS_BITS) - 1;
+		__u64 p0 = e >> V4E_PAIRS_SHIFT, p1 = p0 >> V4_PAIR_BITS;
+		if ((p0 & 0xff) == lo)
+			return (p0 >> 8) & mask;
+		if ((p1 & 0xff) == lo)
+			return (p1 >> 8) & mask;
+		if ((b->octets & 0xff) == lo)
+			return (b->octets >> 8) & mask;
+		return e & mask;
+	}
 	default: {
 		__u32 ti = (__u32)e;
 		struct v4_tbl8 *t = gen_lookup(&v4_tbl8s, gen, &ti);

@@ -324,11 +324,15 @@ const (
 	V4ETypeShift      = 62
 	V4EClass          = 0
 	V4EInline         = 1
+	V4EPairs          = 2
 	V4ETbl8           = 3
 	V4Inline          = 8
 	V4InlineClassBits = 12
 	V4EHitShift       = 12
 	V4EOctetsShift    = 24
+	V4Pairs           = 3
+	V4PairBits        = 20
+	V4EPairsShift     = 12
 	V4Blocks          = 16777216
 )
 

@@ -96,6 +96,15 @@ func (t *Tables) class4(a uint32, reads *[]Read, read func(string, int, int)) ui
 			}
 		}
 		return uint32(e & mask)
+	case abi.V4EPairs:
+		mask := uint64(1)<<abi.V4InlineClassBits - 1
+		pairs := [abi.V4Pairs]uint64{e >> abi.V4EPairsShift, e >> (abi.V4EPairsShift + abi.V4PairBits), uint64(b.Octets)}
+		for _, p := range pairs {
+			if uint32(p&0xff) == lo {
+				return uint32(p >> 8 & mask)
+			}
+		}
+		return uint32(e & mask)
 	}
 	read("v4_tbl8s", int(uint32(e)), 512)
 	return uint32(t.V4Tbl8s[uint32(e)].Cls[lo])

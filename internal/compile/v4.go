@@ -428,6 +428,10 @@ func (b *v4Builder) flush() {
 		}
 		b.dense = append(b.dense, d)
 	default:
+		if entry, octets, ok := pairs(ps); ok {
+			b.blocks = append(b.blocks, abi.V4Block{Key: blk + 1, Octets: octets, Entry: entry})
+			return
+		}
 		b.add(blk, abi.V4ETbl8<<abi.V4ETypeShift|uint64(len(b.tbl8s)))
 		b.tbl8s = append(b.tbl8s, len(b.tbl8Pieces))
 		b.tbl8Pieces = append(b.tbl8Pieces, ps...)
@@ -477,6 +481,42 @@ func inline(ps []piece, base, hit uint32) (entry uint64, more uint32) {
 		packed |= uint64(o) << (8 * i)
 	}
 	return abi.V4EInline<<abi.V4ETypeShift | (packed&0xffffffff)<<abi.V4EOctetsShift | uint64(hit)<<abi.V4EHitShift | uint64(base), uint32(packed >> 32)
+}
+
+// pairs packs a block of at most V4Pairs addresses outside its largest
+// class into a PAIRS entry and the slot's octets: the largest class, then
+// each address's last octet and class (unused pairs repeat the first).
+// ok is false for more addresses, or classes past the entry's bits.
+func pairs(ps []piece) (entry uint64, more uint32, ok bool) {
+	type class struct {
+		cls  uint32
+		size int
+	}
+	var cs []class
+	for _, p := range ps {
+		i := slices.IndexFunc(cs, func(c class) bool { return c.cls == p.cls })
+		if i < 0 {
+			i, cs = len(cs), append(cs, class{cls: p.cls})
+		}
+		cs[i].size += int(p.hi-p.lo) + 1
+	}
+	base := slices.MaxFunc(cs, func(a, b class) int { return cmp.Compare(a.size, b.size) })
+	if 256-base.size > abi.V4Pairs || slices.ContainsFunc(cs, func(c class) bool { return c.cls >= 1<<abi.V4InlineClassBits }) {
+		return 0, 0, false
+	}
+	var packed [abi.V4Pairs]uint64
+	n := 0
+	for _, p := range ps {
+		for a := int(p.lo); a <= int(p.hi) && p.cls != base.cls; a++ {
+			packed[n] = uint64(p.cls)<<8 | uint64(a)
+			n++
+		}
+	}
+	for i := n; i < abi.V4Pairs; i++ {
+		packed[i] = packed[0]
+	}
+	entry = abi.V4EPairs<<abi.V4ETypeShift | packed[1]<<(abi.V4EPairsShift+abi.V4PairBits) | packed[0]<<abi.V4EPairsShift | uint64(base.cls)
+	return entry, uint32(packed[2]), true
 }
 
 // setBits sets bits lo to hi (inclusive) of a 256-bit bitmap.

@@ -158,18 +158,22 @@ func TestBigListsDifferential(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 12))
 	b := newBigLists(rng, n)
 	img := compile.Build(b.pol)
-	inline := 0
+	inline, pairs := 0, 0
 	for _, b := range img.V4Blocks {
 		for _, s := range b.Slot {
 			if s.Key != 0 && s.Entry>>abi.V4ETypeShift == abi.V4EInline {
 				inline++
 			}
+			if s.Key != 0 && s.Entry>>abi.V4ETypeShift == abi.V4EPairs {
+				pairs++
+			}
 		}
 	}
-	if inline == 0 || img.V4DenseBlocks() == 0 || len(img.V4Tbl8s) == 0 || len(img.V6Short) == 0 || len(img.V6Long) == 0 {
-		t.Fatalf("the lists do not exercise every table: %d inline entries, %d bitmaps, %d tbl8s, IPv6 tables of %d and %d slots",
-			inline, img.V4DenseBlocks(), len(img.V4Tbl8s), len(img.V6Short), len(img.V6Long))
+	if inline == 0 || pairs == 0 || img.V4DenseBlocks() == 0 || len(img.V4Tbl8s) == 0 || len(img.V6Short) == 0 || len(img.V6Long) == 0 {
+		t.Fatalf("the lists do not exercise every table: %d inline entries, %d of pairs, %d bitmaps, %d tbl8s, IPv6 tables of %d and %d slots",
+			inline, pairs, img.V4DenseBlocks(), len(img.V4Tbl8s), len(img.V6Short), len(img.V6Long))
 	}
+	t.Logf("%d inline entries, %d of pairs, %d bitmaps, %d tbl8s", inline, pairs, img.V4DenseBlocks(), len(img.V4Tbl8s))
 	objs, err := datapath.Load(img)
 	if err != nil {
 		t.Fatal(err)
