@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -214,7 +215,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	var kernelBytes uint64
 	for i, pol := range pols {
 		shape := fw.sharedShape(hooksOf(hooks, polOf, i))
-		if slices.ContainsFunc(slices.Collect(maps.Values(pol.Lists)), keepsBase) { // else no base was kept
+		if carries(pol) { // else no base was kept
 			var lives []*generation
 			for j, h := range hooks {
 				if polOf[h.Iface] == i {
@@ -226,12 +227,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 					lives = append(lives, g)
 				}
 			}
-			objs, meta, ok, err := fw.overLists(pol, hooksOf(hooks, polOf, i), lives, shape, ops, req.Fold)
-			if err != nil {
-				shape.Close()
-				return nil, fmt.Errorf("apply %s: %w", pol.File, err)
-			}
-			if ok {
+			if objs, meta, ok := fw.overLists(pol, hooksOf(hooks, polOf, i), lives, shape, ops, req.Fold); ok {
 				shape.Close()
 				defer objs.Close()
 				loaded[i].objs, loaded[i].meta = objs, meta
@@ -264,7 +260,7 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 			loaded[i].meta.FloodKey = key
 		}
 	}
-	tx := &transaction{fw: fw, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
+	tx := &transaction{fw: fw, bases: map[string]string{}, token: watchdog.NewToken(), watched: req.Confirm > 0, deadline: time.Now().Add(transactionWindow)}
 	if req.Confirm > 0 {
 		tx.deadline = time.Now().Add(req.Confirm)
 		res.ConfirmDeadline = tx.deadline.UTC()
@@ -426,18 +422,22 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: matchDigest(keys[i]), Action: r.Action.String()})
 	}
 	// What a later change of the lists' contents alone is carried over
-	// (listchange.go), when a list is large enough to keep.
-	carries := slices.ContainsFunc(slices.Collect(maps.Values(pol.Lists)), keepsBase)
-	if carries {
+	// (listchange.go): the largest lists' bases, up to maxBaseBytes.
+	carry := carries(pol)
+	if carry {
 		g.Skeleton, g.BaseHash, g.bases = skeleton(pol), hash, map[string]*policy.List{}
 	}
-	for name, bit := range img.Lists {
+	budget := maxBaseBytes
+	names := slices.SortedFunc(maps.Keys(img.Lists), func(a, b string) int {
+		return cmp.Or(cmp.Compare(baseBytes(pol.Lists[b]), baseBytes(pol.Lists[a])), cmp.Compare(a, b))
+	})
+	for _, name := range names {
 		if l := pol.Lists[name]; !l.Inline.IsValid() { // a rule's prefix is no list to change live
-			info := ListInfo{Bit: bit, Family: l.Family}
-			if carries {
+			info := ListInfo{Bit: img.Lists[name], Family: l.Family}
+			if carry {
 				info.Digest = contentDigest(l)
-				if keepsBase(l) {
-					info.Base = info.Digest
+				if mayKeepBase(l) && baseBytes(l) <= budget {
+					info.Base, budget = info.Digest, budget-baseBytes(l)
 					g.bases[name] = l
 				}
 			}
@@ -450,6 +450,7 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 // transaction is one apply across hooks.
 type transaction struct {
 	fw       *Firewall
+	bases    map[string]string // the lists' bases written, by digest (keepBases)
 	token    string
 	watched  bool
 	deadline time.Time
@@ -518,8 +519,6 @@ func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *dat
 		return Applied{}, drop(err)
 	}
 	reach("pinned")
-	g.Lists = maps.Clone(g.Lists) // hooks sharing a generation keep their bases apart
-	fw.keepBases(h, old, &g)
 	// What must be written is written before the swap: a full disk fails
 	// here, with the running policy untouched.
 	if err := fw.writeGen(h, &g); err != nil {
@@ -555,6 +554,8 @@ func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *dat
 	// The old generation counted until the swap: carry its final counts.
 	g.Mode = mode
 	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules, from)
+	g.Lists = maps.Clone(g.Lists) // hooks sharing a generation keep their bases apart
+	fw.keepBases(h, old, &g, tx.bases)
 	if err := fw.writeGen(h, &g); err != nil {
 		return Applied{}, err
 	}

@@ -5,9 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"net/netip"
 	"os"
@@ -48,14 +46,15 @@ import (
 const maxFileOps = 1024
 
 // Lists of fewer ranges than baseRanges compile in no time and keep no
-// base; neither do lists whose base would take more than maxBaseBytes of
-// the state directory, which is in memory (/run). A variable for tests.
+// base, and a generation keeps at most maxBaseBytes of bases: the state
+// directory is in memory (/run). A variable for tests.
 var baseRanges = 1 << 14
 
 const maxBaseBytes = 64 << 20
 
 // skeleton is a digest of what a policy compiles to but what its lists
-// hold: its rules, actions, lists' names, families and inline prefixes.
+// hold: its rules (not the lines they are on), actions, lists' names,
+// families and inline prefixes.
 func skeleton(pol *policy.Policy) string {
 	type list struct {
 		Name   string
@@ -67,7 +66,7 @@ func skeleton(pol *policy.Policy) string {
 		Default, Unparsed, Malformed policy.Action
 		Room                         int
 		Lists                        []list
-	}{Rules: pol.Rules, Default: pol.Default, Unparsed: pol.Unparsed, Malformed: pol.MalformedAction()}
+	}{Rules: withoutLines(pol.Rules), Default: pol.Default, Unparsed: pol.Unparsed, Malformed: pol.MalformedAction()}
 	if pol.FlowSpec != nil {
 		for _, n := range pol.FlowSpec.Neighbors {
 			s.Room += n.MaxRoutes
@@ -85,29 +84,52 @@ func skeleton(pol *policy.Policy) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// contentDigest is a digest of what a list holds, its ranges (64 bits of
-// XXH64: a collision would take a changed list for an unchanged one, and
-// the tables would keep its old contents until the next compile).
-func contentDigest(l *policy.List) string {
-	return fmt.Sprintf("%016x", baseSum(l))
+func withoutLines(rules []policy.Rule) []policy.Rule {
+	out := slices.Clone(rules)
+	for i := range out {
+		out[i].Line, out[i].Alt = 0, withoutLines(out[i].Alt)
+	}
+	return out
 }
 
-func baseSum(l *policy.List) uint64 {
-	d := xxhash.New()
+// contentDigest is a digest of what a list holds, its ranges: 128 bits
+// of SHA-256, since a list file is outside data, and contents made to
+// collide with the last would keep those in the tables.
+func contentDigest(l *policy.List) string {
+	d := sha256.New()
 	var n [16]byte
 	binary.LittleEndian.PutUint64(n[:8], uint64(len(l.V4)))
 	binary.LittleEndian.PutUint64(n[8:], uint64(len(l.V6)))
 	d.Write(n[:])
 	d.Write(compile.AsBytes(l.V4))
 	d.Write(compile.AsBytes(l.V6))
-	return d.Sum64()
+	return hex.EncodeToString(d.Sum(nil)[:16])
 }
 
-// keepsBase reports whether a list's contents are kept as its
-// generation's base.
-func keepsBase(l *policy.List) bool {
-	bytes := len(l.V4)*8 + len(l.V6)*32
-	return !l.Inline.IsValid() && len(l.V4)+len(l.V6) >= baseRanges && bytes <= maxBaseBytes
+// isDigest reports whether a record's base names a file of the lists
+// directory, as contentDigest does, and nothing else.
+func isDigest(s string) bool {
+	_, err := hex.DecodeString(s)
+	return len(s) == 32 && err == nil
+}
+
+// baseBytes is what a list's base takes.
+func baseBytes(l *policy.List) int { return 24 + len(l.V4)*8 + len(l.V6)*32 }
+
+// mayKeepBase reports whether a list is large enough to keep its base.
+func mayKeepBase(l *policy.List) bool {
+	return !l.Inline.IsValid() && len(l.V4)+len(l.V6) >= baseRanges && baseBytes(l) <= maxBaseBytes
+}
+
+// carries reports whether a policy has a list that keeps its base: whether
+// a later change of its lists can be carried.
+func carries(pol *policy.Policy) bool {
+	for _, l := range pol.Lists {
+		if mayKeepBase(l) {
+			return true
+		}
+	}
+	return false
 }
 
 // basesDir holds generation n's bases, each under its contents' digest.
@@ -115,50 +137,52 @@ func (fw *Firewall) basesDir(h Hook, n int) string {
 	return filepath.Join(fw.stateDir(h), "gen-"+strconv.Itoa(n)+".lists")
 }
 
-// keepBases puts g's bases into its lists directory: linked from old's
-// (nil: none) when it has them, else written from the lists g.bases holds.
-// A base that cannot be kept is dropped from the record, and a change to
-// its list then compiles.
-func (fw *Firewall) keepBases(h Hook, old, g *generation) {
+// keepBases puts g's bases into its lists directory, best effort, once the
+// generation is live: linked from old's (nil: none) or from another hook's
+// of this apply (written: by digest) when there is one, else written from
+// the lists g.bases holds. A base that cannot be kept is dropped from the
+// record, and a change to its list then compiles.
+func (fw *Firewall) keepBases(h Hook, old, g *generation, written map[string]string) {
 	for name, info := range g.Lists {
 		if info.Base == "" {
 			continue
 		}
 		path := filepath.Join(fw.basesDir(h, g.N), info.Base)
-		err := os.MkdirAll(filepath.Dir(path), 0o700)
-		if err == nil && old != nil {
-			err = os.Link(filepath.Join(fw.basesDir(h, old.N), info.Base), path)
-			if err == nil || errors.Is(err, fs.ErrExist) {
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err == nil && isDigest(info.Base) {
+			from := []string{written[info.Base]}
+			if old != nil {
+				from = append(from, filepath.Join(fw.basesDir(h, old.N), info.Base))
+			}
+			if slices.ContainsFunc(from, func(f string) bool { return f != "" && os.Link(f, path) == nil }) {
 				continue
 			}
-			err = nil
+			if l := g.bases[name]; l != nil && writeFile(path, encodeBase(l)) == nil {
+				written[info.Base] = path
+				continue
+			}
 		}
-		if l := g.bases[name]; err == nil && l != nil {
-			err = writeFile(path, encodeBase(l))
-		} else if err == nil {
-			err = errors.New("no contents to keep")
-		}
-		if err != nil {
-			info.Base = ""
-			g.Lists[name] = info
-		}
+		info.Base = ""
+		g.Lists[name] = info
 	}
 }
 
 // encodeBase is a base's file: the counts of IPv4 and IPv6 ranges, the
-// ranges, and their digest.
+// ranges, and a checksum (XXH64) of what precedes it.
 func encodeBase(l *policy.List) []byte {
-	b := make([]byte, 0, 24+len(l.V4)*8+len(l.V6)*32)
+	b := make([]byte, 0, baseBytes(l))
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(l.V4)))
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(l.V6)))
 	b = append(b, compile.AsBytes(l.V4)...)
 	b = append(b, compile.AsBytes(l.V6)...)
-	return binary.LittleEndian.AppendUint64(b, baseSum(l))
+	return binary.LittleEndian.AppendUint64(b, xxhash.Sum64(b))
 }
 
-// readBase reads a base kept by generation n, checking its digest.
+// readBase reads a base kept by generation n, checking its checksum.
 func (fw *Firewall) readBase(h Hook, n int, name, digest string) (*policy.List, error) {
 	path := filepath.Join(fw.basesDir(h, n), digest)
+	if !isDigest(digest) {
+		return nil, fmt.Errorf("%s: not a list's base", path)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
@@ -168,16 +192,14 @@ func (fw *Firewall) readBase(h Hook, n int, name, digest string) (*policy.List, 
 		return nil, bad
 	}
 	n4, n6 := binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:])
-	if n4 > uint64(len(b))/8 || n6 > uint64(len(b))/32 || uint64(len(b)) != 24+n4*8+n6*32 {
+	if n4 > uint64(len(b))/8 || n6 > uint64(len(b))/32 || uint64(len(b)) != 24+n4*8+n6*32 ||
+		binary.LittleEndian.Uint64(b[len(b)-8:]) != xxhash.Sum64(b[:len(b)-8]) {
 		return nil, bad
 	}
 	l := &policy.List{Name: name, V4: make([]policy.Range4, n4), V6: make([]policy.Range6, n6)}
 	rest := b[16:]
 	rest = rest[copy(compile.AsBytes(l.V4), rest):]
-	rest = rest[copy(compile.AsBytes(l.V6), rest):]
-	if contentDigest(l) != digest || binary.LittleEndian.Uint64(rest) != baseSum(l) {
-		return nil, bad
-	}
+	copy(compile.AsBytes(l.V6), rest)
 	return l, nil
 }
 
@@ -185,50 +207,53 @@ func (fw *Firewall) readBase(h Hook, n int, name, digest string) (*policy.List, 
 // generation of hooks (shape, opened from the first hook's pins; olds
 // their records), when it is a change of lists' contents alone that the
 // overlay can take; ok is false otherwise, and nothing is made. ops are
-// the live changes.
-func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generation, shape *datapath.Objects, ops []policy.ListOp, fold func(list string) bool) (objs *datapath.Objects, meta generation, ok bool, err error) {
+// the live changes, fold the apply's (nil: it folds none).
+func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generation, shape *datapath.Objects, ops []policy.ListOp, fold func(list string) bool) (objs *datapath.Objects, meta generation, ok bool) {
 	if shape == nil || len(olds) == 0 {
-		return nil, meta, false, nil
+		return nil, meta, false
 	}
 	g := olds[0]
 	for _, o := range olds {
 		if o == nil || o.Skeleton == "" || !sameTables(o, g) {
-			return nil, meta, false, nil
+			return nil, meta, false
 		}
 	}
+	if g.Skeleton != skeleton(pol) || !sameBits(pol, g) {
+		return nil, meta, false
+	}
+	meta = *g
 	switch {
 	case fold != nil && !g.foldsAll(ops, fold):
-		return nil, meta, false, nil // changes to fold: the tables are to be compiled
+		return nil, meta, false // changes to fold: the tables are to be compiled
 	case fold == nil && slices.ContainsFunc(ops, g.folded):
-		return nil, meta, false, nil // an apply that does not fold takes folded changes out of the tables
-	}
-	if g.Skeleton != skeleton(pol) {
-		return nil, meta, false, nil
+		return nil, meta, false // an apply that does not fold takes folded changes out of the tables
+	case fold == nil:
+		// Changes folded and reverted since, if any: the difference from
+		// the tables undoes them.
+		meta.Folded, meta.FoldedSeq = nil, 0
 	}
 	var fileOps []policy.ListOp
-	for name, info := range g.Lists {
-		l := pol.Lists[name]
-		if l == nil || contentDigest(l) == info.Digest {
+	for _, name := range slices.Sorted(maps.Keys(g.Lists)) {
+		info, l := g.Lists[name], pol.Lists[name]
+		if info.Base == "" {
+			if contentDigest(l) != info.Digest {
+				return nil, meta, false // changed, with no base to take the difference from
+			}
 			continue
-		}
-		if info.Base == "" || info.Bit == 0 {
-			return nil, meta, false, nil // no base, or a static list: the overlay cannot change it
 		}
 		base, err := fw.readBase(hooks[0], g.N, name, info.Base)
 		if err != nil {
-			return nil, meta, false, nil
+			return nil, meta, false
 		}
 		diff, fits := policy.DiffList(base, l, maxFileOps-len(fileOps))
-		if !fits {
-			return nil, meta, false, nil
-		}
-		if len(g.sharing(name)) > 0 && slices.ContainsFunc(diff, func(op policy.ListOp) bool { return !op.Add }) {
-			return nil, meta, false, nil // a removal would clear the other lists' bit too
+		switch {
+		case !fits, len(diff) > 0 && info.Bit == 0: // a static list: the overlay cannot change it
+			return nil, meta, false
+		case slices.ContainsFunc(diff, func(op policy.ListOp) bool { return !op.Add }) && len(g.sharing(name)) > 0:
+			return nil, meta, false // a removal would clear the other lists' bit too
 		}
 		fileOps = append(fileOps, diff...)
 	}
-	meta = *g
-	meta.Lists = maps.Clone(g.Lists)
 	meta.FileOps = fileOps
 	meta.PolicyHash = meta.BaseHash
 	if len(fileOps) > 0 {
@@ -240,24 +265,47 @@ func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generati
 		meta.PolicyFile = file
 	}
 	v4, v6 := meta.overlay(meta.overlayOps(ops))
-	objs, err = datapath.OverLists(shape, v4, v6)
-	if errors.Is(err, datapath.ErrOtherBuild) {
-		return nil, meta, false, nil
+	objs, err := datapath.OverLists(shape, v4, v6)
+	if err != nil {
+		return nil, meta, false // whatever failed, a compile may not
 	}
-	return objs, meta, err == nil, err
+	return objs, meta, true
 }
 
-// foldsAll reports whether the generation's tables hold every change an
-// apply folding the lists fold names would take, and still hold every
-// change they took (none was reverted since): a fold would compile the
-// tables the generation has.
+// sameBits reports whether pol's lists take the bits g's have: which list
+// gets one past 63 ways depends on the live changes and what the service
+// favours (policy.ListUse), not only on the skeleton.
+func sameBits(pol *policy.Policy, g *generation) bool {
+	n := 0
+	for name, bit := range pol.ListUse().Bits() {
+		if pol.Lists[name].Inline.IsValid() {
+			continue
+		}
+		if info, ok := g.Lists[name]; !ok || info.Bit != bit {
+			return false
+		}
+		n++
+	}
+	return n == len(g.Lists)
+}
+
+// foldsAll reports whether the generation's tables hold every change of
+// its lists an apply folding the lists fold names would take, and still
+// hold every change they took (none was reverted since): such a fold
+// would compile the tables the generation has, and record as much.
 func (g *generation) foldsAll(ops []policy.ListOp, fold func(list string) bool) bool {
+	for name := range g.Lists {
+		if _, ok := g.Folded[name]; fold(name) && !ok {
+			return false
+		}
+	}
 	held := map[string]int{}
 	for _, op := range ops {
+		_, ours := g.Lists[op.List]
 		switch {
 		case g.folded(op):
 			held[op.List]++
-		case fold(op.List) && op.Expires.IsZero():
+		case ours && fold(op.List) && op.Expires.IsZero():
 			return false
 		}
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/rampart-fw/rampart/internal/compile"
 	"github.com/rampart-fw/rampart/internal/datapath"
 	"github.com/rampart-fw/rampart/internal/packet"
 	"github.com/rampart-fw/rampart/internal/policy"
@@ -218,5 +220,38 @@ func judge(t *testing.T, fw *Firewall, h Hook, probes []netip.Addr, step string,
 		if got != want {
 			t.Fatalf("%s: %s judged %d, want %d", step, a, got, want)
 		}
+	}
+}
+
+// TestSameBits: a list change is carried only while the lists keep their
+// bits, which past 63 ways the lists the service favours decide
+// (Policy.Live): the ban API makes a static list live so, and a reload
+// carried over the old bits would leave it static.
+func TestSameBits(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("lists:\n")
+	for i := range 70 {
+		fmt.Fprintf(&b, "  l%d: {prefixes: [10.%d.0.0/16]}\n", i, i)
+	}
+	b.WriteString("rules:\n")
+	for i := range 70 {
+		fmt.Fprintf(&b, "  - {name: r%d, src: l%d, action: drop}\n", i, i)
+	}
+	dir := t.TempDir()
+	pol := parse(t, dir, "p.yaml", b.String())
+	g := describe(pol, compile.Build(pol), "hash")
+	static := ""
+	for name, info := range g.Lists {
+		if info.Bit == 0 {
+			static = name
+		}
+	}
+	if static == "" || !sameBits(pol, &g) {
+		t.Fatalf("70 ways: no static list (%q), or the policy's own bits differ from themselves", static)
+	}
+	again := parse(t, dir, "p.yaml", b.String())
+	again.Live = map[string]bool{static: true}
+	if sameBits(again, &g) {
+		t.Fatalf("list %s made live takes a bit, yet the bits count as the same", static)
 	}
 }
