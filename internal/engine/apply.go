@@ -427,7 +427,7 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 	if carry {
 		g.Skeleton, g.BaseHash, g.bases = skeleton(pol), hash, map[string]*policy.List{}
 	}
-	budget := maxBaseBytes
+	budget, bases := maxBaseBytes, 0
 	names := slices.SortedFunc(maps.Keys(img.Lists), func(a, b string) int {
 		return cmp.Or(cmp.Compare(baseBytes(pol.Lists[b]), baseBytes(pol.Lists[a])), cmp.Compare(a, b))
 	})
@@ -436,8 +436,9 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 			info := ListInfo{Bit: img.Lists[name], Family: l.Family}
 			if carry {
 				info.Digest = contentDigest(l)
-				if mayKeepBase(l) && baseBytes(l) <= budget {
-					info.Base, budget = info.Digest, budget-baseBytes(l)
+				// A static list's change compiles: its base would serve nothing.
+				if info.Bit != 0 && baseBytes(l) <= budget && bases < maxBases {
+					info.Base, budget, bases = info.Digest, budget-baseBytes(l), bases+1
 					g.bases[name] = l
 				}
 			}
@@ -557,7 +558,15 @@ func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *dat
 	g.Lists = maps.Clone(g.Lists) // hooks sharing a generation keep their bases apart
 	fw.keepBases(h, old, &g, tx.bases)
 	if err := fw.writeGen(h, &g); err != nil {
-		return Applied{}, err
+		// The bases may have taken the room the record needs: they are
+		// only worth a faster next change.
+		for name, info := range g.Lists {
+			info.Base = ""
+			g.Lists[name] = info
+		}
+		if errors.Join(removeAll(fw.basesDir(h, g.N)), fw.writeGen(h, &g)) != nil {
+			return Applied{}, err
+		}
 	}
 	return Applied{Hook: h, Mode: mode, Generation: g.N, PolicyHash: g.PolicyHash, Rules: len(g.Rules), FileChanges: len(g.FileOps), Note: note}, nil
 }

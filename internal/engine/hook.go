@@ -326,7 +326,9 @@ func (fw *Firewall) newest(h Hook, st *hookState) int {
 
 // removeGen removes a generation's pins and description.
 func (fw *Firewall) removeGen(h Hook, n int) error {
-	return errors.Join(removeAll(fw.genPins(h, n)), removeFile(fw.genFile(h, n)), removeAll(fw.basesDir(h, n)))
+	// The bases first: a crash half way leaves the record, which a later
+	// removal finds, not a lists directory no record names.
+	return errors.Join(removeAll(fw.basesDir(h, n)), removeAll(fw.genPins(h, n)), removeFile(fw.genFile(h, n)))
 }
 
 func removeAll(path string) error {

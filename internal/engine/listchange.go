@@ -45,12 +45,17 @@ import (
 // folds them: past it the tables are compiled again.
 const maxFileOps = 1024
 
-// Lists of fewer ranges than baseRanges compile in no time and keep no
-// base, and a generation keeps at most maxBaseBytes of bases: the state
-// directory is in memory (/run). A variable for tests.
+// A policy keeps its lists' bases when one of its lists has baseRanges
+// ranges or more (smaller policies compile in no time), those of the
+// largest lists with a bit first, at most maxBases of them and
+// maxBaseBytes in all: the state directory is in memory (/run). A
+// variable for tests.
 var baseRanges = 1 << 14
 
-const maxBaseBytes = 64 << 20
+const (
+	maxBaseBytes = 64 << 20
+	maxBases     = 256
+)
 
 // skeleton is a digest of what a policy compiles to but what its lists
 // hold: its rules (not the lines they are on), actions, lists' names,
@@ -116,16 +121,11 @@ func isDigest(s string) bool {
 // baseBytes is what a list's base takes.
 func baseBytes(l *policy.List) int { return 24 + len(l.V4)*8 + len(l.V6)*32 }
 
-// mayKeepBase reports whether a list is large enough to keep its base.
-func mayKeepBase(l *policy.List) bool {
-	return !l.Inline.IsValid() && len(l.V4)+len(l.V6) >= baseRanges && baseBytes(l) <= maxBaseBytes
-}
-
-// carries reports whether a policy has a list that keeps its base: whether
-// a later change of its lists can be carried.
+// carries reports whether a policy keeps its lists' bases: whether a
+// later change of its lists can be carried.
 func carries(pol *policy.Policy) bool {
 	for _, l := range pol.Lists {
-		if mayKeepBase(l) {
+		if !l.Inline.IsValid() && len(l.V4)+len(l.V6) >= baseRanges && baseBytes(l) <= maxBaseBytes {
 			return true
 		}
 	}
@@ -149,14 +149,23 @@ func (fw *Firewall) keepBases(h Hook, old, g *generation, written map[string]str
 		}
 		path := filepath.Join(fw.basesDir(h, g.N), info.Base)
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err == nil && isDigest(info.Base) {
-			from := []string{written[info.Base]}
+			// Named by their contents: lists of the same contents share one.
+			from := []string{path, written[info.Base]}
 			if old != nil {
 				from = append(from, filepath.Join(fw.basesDir(h, old.N), info.Base))
 			}
-			if slices.ContainsFunc(from, func(f string) bool { return f != "" && os.Link(f, path) == nil }) {
-				continue
+			kept := slices.ContainsFunc(from, func(f string) bool {
+				if f == path {
+					_, err := os.Lstat(path)
+					return err == nil
+				}
+				return f != "" && os.Link(f, path) == nil
+			})
+			if !kept {
+				l := g.bases[name]
+				kept = l != nil && writeFile(path, encodeBase(l)) == nil
 			}
-			if l := g.bases[name]; l != nil && writeFile(path, encodeBase(l)) == nil {
+			if kept {
 				written[info.Base] = path
 				continue
 			}

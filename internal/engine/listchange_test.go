@@ -79,7 +79,14 @@ func TestListFileChanges(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			write([]string{"a", "b"}[rng.IntN(2)])
+			list := []string{"a", "b"}[rng.IntN(2)]
+			write(list)
+			if rng.IntN(4) == 0 { // lists of the same contents, which share a base
+				other := map[string]string{"a": "b", "b": "a"}[list]
+				if b, err := os.ReadFile(files[list]); err != nil || os.WriteFile(files[other], b, 0o644) != nil {
+					t.Fatal(err)
+				}
+			}
 			// With changes folded, as the daemon does (an apply that does
 			// not fold compiles them out of the tables): carried when
 			// there is nothing more to fold.
@@ -103,6 +110,11 @@ func TestListFileChanges(t *testing.T) {
 			}
 			if len(g.FileOps) == 0 && g.PolicyHash != g.BaseHash {
 				t.Fatalf("step %d: the files back as compiled, yet the policy hash is %s, not the tables' %s", i, g.PolicyHash, g.BaseHash)
+			}
+			for name, info := range g.Lists {
+				if info.Base == "" || info.Base != before.Lists[name].Base {
+					t.Fatalf("step %d: list %s keeps base %q, was %q", i, name, info.Base, before.Lists[name].Base)
+				}
 			}
 			carried++
 			step = "files changed"
@@ -157,8 +169,12 @@ func TestListFileChanges(t *testing.T) {
 	}
 	check("rule changed")
 	left, err := filepath.Glob(filepath.Join(fw.stateDir(h), "gen-*.lists", "*"))
-	if err != nil || len(left) != 2 {
-		t.Fatalf("bases kept: %v, %v: want the live generation's two", left, err)
+	bases := map[string]bool{}
+	for _, info := range liveGen(t, fw, h).Lists {
+		bases[info.Base] = true
+	}
+	if err != nil || len(left) != len(bases) || bases[""] {
+		t.Fatalf("bases kept: %v, %v: want the live generation's %v", left, err, bases)
 	}
 }
 
