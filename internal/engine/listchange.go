@@ -29,16 +29,17 @@ import (
 // ms of a 0.2 s apply).
 //
 // The difference is taken against what the tables were compiled from: an
-// apply that compiles keeps a copy of each large list's contents with its
-// generation (its base, in the generation's lists directory), and the
-// generation records a digest of every list's contents and of the policy
-// but its lists (skeleton). A later apply of a policy of the same skeleton
-// whose changed lists all have a base and change by at most
-// maxFileOps prefixes makes a generation over the live one's maps; its
-// record keeps the difference (FileOps), which its overlay holds before
-// every live change, older than all of them: the live changes still
-// decide the addresses they cover, as they do over a compiled file.
-// Anything else compiles.
+// apply that compiles a policy with a large list keeps a copy of its
+// lists' contents with its generation (their bases, in the generation's
+// lists directory), and the generation records a digest of every list's
+// contents and of the policy but its lists (skeleton). A later apply of a
+// policy of the same skeleton and bits, whose changed lists all have a
+// base and change by at most maxFileOps prefixes, and that would fold
+// nothing the tables do not hold, makes a generation over the live one's
+// maps; its record keeps the difference (FileOps), which its overlay
+// holds before every live change, older than all of them: the live
+// changes still decide the addresses they cover, as they do over a
+// compiled file. Anything else compiles.
 
 // maxFileOps is the most prefixes a change of lists is carried in by the
 // overlay, about as many live changes as the daemon lets it hold before it

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -269,5 +270,36 @@ func TestSameBits(t *testing.T) {
 	again.Live = map[string]bool{static: true}
 	if sameBits(again, &g) {
 		t.Fatalf("list %s made live takes a bit, yet the bits count as the same", static)
+	}
+}
+
+// TestSkeletonSeesRules: the skeleton is the rules' JSON, which sees
+// every field of a rule and of what it holds only while none is
+// unexported or left out by a tag. A field added so would let two
+// policies of different rules share a skeleton, and a change to it be
+// carried as a change of lists.
+func TestSkeletonSeesRules(t *testing.T) {
+	seen := map[reflect.Type]bool{}
+	var walk func(reflect.Type, string)
+	walk = func(ty reflect.Type, path string) {
+		for ty.Kind() == reflect.Pointer || ty.Kind() == reflect.Slice {
+			ty = ty.Elem()
+		}
+		if ty.Kind() != reflect.Struct || seen[ty] || ty.PkgPath() != reflect.TypeFor[policy.Rule]().PkgPath() {
+			return
+		}
+		seen[ty] = true
+		for f := range ty.Fields() {
+			if !f.IsExported() || f.Tag.Get("json") == "-" {
+				t.Errorf("%s.%s: the skeleton's JSON does not see it", path, f.Name)
+			}
+			walk(f.Type, path+"."+f.Name)
+		}
+	}
+	walk(reflect.TypeFor[policy.Rule](), "Rule")
+	pol := parse(t, t.TempDir(), "p.yaml", "rules:\n  - {name: a, proto: udp, dport: 53, action: drop}\n")
+	other := parse(t, t.TempDir(), "p.yaml", "rules:\n  - {name: a, proto: udp, dport: 54, action: drop}\n")
+	if skeleton(pol) == "" || skeleton(pol) == skeleton(other) {
+		t.Errorf("skeletons %q and %q of two policies of different ports", skeleton(pol), skeleton(other))
 	}
 }
