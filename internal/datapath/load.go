@@ -137,10 +137,11 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 // another build's. The generation takes what it can of spare (nil: none),
 // made from shape.
 func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fits bool, err error) {
-	if !shape.ours() {
+	live, ok := shape.loaded()
+	if !ok || live.Object != objectID() {
 		return nil, false, nil // another release's program: its code goes with it
 	}
-	if img.Syncookie != (shape.RampartTcCookie != nil) || (img.RowWords > 0) != shape.readsRows() {
+	if img.Syncookie != (shape.RampartTcCookie != nil) || (img.RowWords > 0) != (live.StaticRows != 0) {
 		return nil, false, nil
 	}
 	need := genSizes(img)
@@ -171,16 +172,19 @@ func LoadOver(shape *Objects, img *compile.Image, spare *Spare) (o *Objects, fit
 	return o, true, nil
 }
 
-// readsRows reports whether o's programs read the rows of static lists.
-func (o *Objects) readsRows() bool {
+// loaded is what the shape's live map says of how its programs were
+// loaded (the object, whether they read static lists' rows); false for
+// an earlier release's programs, which have no such map.
+func (o *Objects) loaded() (abi.Live, bool) {
 	var live abi.Live
-	return o.shape.Live.Lookup(uint32(0), &live) == nil && live.StaticRows != 0
+	ok := o.shape.Live != nil && o.shape.Live.Lookup(uint32(0), &live) == nil
+	return live, ok
 }
 
 // ours reports whether o's programs come from this build's object.
 func (o *Objects) ours() bool {
-	var live abi.Live
-	return o.shape.Live != nil && o.shape.Live.Lookup(uint32(0), &live) == nil && live.Object == objectID()
+	live, ok := o.loaded()
+	return ok && live.Object == objectID()
 }
 
 // objectID names the embedded filter object: a hash of its bytes, kept in

@@ -1,11 +1,9 @@
 package engine
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -214,20 +212,11 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 	}, len(pols))
 	var kernelBytes uint64
 	for i, pol := range pols {
-		shape := fw.sharedShape(hooksOf(hooks, polOf, i))
-		if carries(pol) { // else no base was kept
-			var lives []*generation
-			for j, h := range hooks {
-				if polOf[h.Iface] == i {
-					g := <-olds[j]
-					olds[j] <- g
-					if states[j].pending != nil {
-						g = nil // an apply to confirm first: its rollback takes the live changes only
-					}
-					lives = append(lives, g)
-				}
-			}
-			if objs, meta, ok := fw.overLists(pol, hooksOf(hooks, polOf, i), lives, shape, ops, req.Fold); ok {
+		on := hooksOf(hooks, polOf, i)
+		shape := fw.sharedShape(on)
+		if carries(pol) { // else no generation kept its lists' contents
+			lives := peekLive(hooks, polOf, i, states, olds)
+			if objs, meta, ok := fw.overLists(pol, on, lives, shape, ops, req.Fold); ok {
 				shape.Close()
 				defer objs.Close()
 				loaded[i].objs, loaded[i].meta = objs, meta
@@ -421,30 +410,12 @@ func describe(pol *policy.Policy, img *compile.Image, hash string) generation {
 	for i, r := range pol.Rules {
 		g.Rules = append(g.Rules, RuleInfo{Name: r.Name, Match: matchDigest(keys[i]), Action: r.Action.String()})
 	}
-	// What a later change of the lists' contents alone is carried over
-	// (listchange.go): the largest lists' bases, up to maxBaseBytes.
-	carry := carries(pol)
-	if carry {
-		g.Skeleton, g.BaseHash, g.bases = skeleton(pol), hash, map[string]*policy.List{}
-	}
-	budget, bases := maxBaseBytes, 0
-	names := slices.SortedFunc(maps.Keys(img.Lists), func(a, b string) int {
-		return cmp.Or(cmp.Compare(baseBytes(pol.Lists[b]), baseBytes(pol.Lists[a])), cmp.Compare(a, b))
-	})
-	for _, name := range names {
+	for name, bit := range img.Lists {
 		if l := pol.Lists[name]; !l.Inline.IsValid() { // a rule's prefix is no list to change live
-			info := ListInfo{Bit: img.Lists[name], Family: l.Family}
-			if carry {
-				info.Digest = contentDigest(l)
-				// A static list's change compiles: its base would serve nothing.
-				if info.Bit != 0 && baseBytes(l) <= budget && bases < maxBases {
-					info.Base, budget, bases = info.Digest, budget-baseBytes(l), bases+1
-					g.bases[name] = l
-				}
-			}
-			g.Lists[name] = info
+			g.Lists[name] = ListInfo{Bit: bit, Family: l.Family}
 		}
 	}
+	g.keepContents(pol, hash)
 	return g
 }
 
@@ -555,16 +526,11 @@ func (tx *transaction) install(h Hook, st *hookState, old *generation, objs *dat
 	// The old generation counted until the swap: carry its final counts.
 	g.Mode = mode
 	g.Carried, g.CarriedEvents = fw.carry(h, old, g.Rules, from)
-	g.Lists = maps.Clone(g.Lists) // hooks sharing a generation keep their bases apart
 	fw.keepBases(h, old, &g, tx.bases)
 	if err := fw.writeGen(h, &g); err != nil {
 		// The bases may have taken the room the record needs: they are
 		// only worth a faster next change.
-		for name, info := range g.Lists {
-			info.Base = ""
-			g.Lists[name] = info
-		}
-		if errors.Join(removeAll(fw.basesDir(h, g.N)), fw.writeGen(h, &g)) != nil {
+		if fw.dropBases(h, &g) != nil || fw.writeGen(h, &g) != nil {
 			return Applied{}, err
 		}
 	}

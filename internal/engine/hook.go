@@ -71,10 +71,10 @@ type RuleInfo struct {
 type ListInfo struct {
 	Bit    uint64 `json:"bit"`
 	Family int    `json:"family,omitempty"`
-	// Digest is of what the tables hold of the list, Base that digest
-	// when the generation keeps those contents (listchange.go).
+	// Digest is of what the tables hold of the list; Base: the generation
+	// keeps those contents, under the digest (listchange.go).
 	Digest string `json:"digest,omitempty"`
-	Base   string `json:"base,omitempty"`
+	Base   bool   `json:"base,omitempty"`
 }
 
 // generation describes one pinned generation of a hook's objects.

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -138,42 +139,86 @@ func (fw *Firewall) basesDir(h Hook, n int) string {
 	return filepath.Join(fw.stateDir(h), "gen-"+strconv.Itoa(n)+".lists")
 }
 
-// keepBases puts g's bases into its lists directory, best effort, once the
-// generation is live: linked from old's (nil: none) or from another hook's
-// of this apply (written: by digest) when there is one, else written from
-// the lists g.bases holds. A base that cannot be kept is dropped from the
-// record, and a change to its list then compiles.
-func (fw *Firewall) keepBases(h Hook, old, g *generation, written map[string]string) {
-	for name, info := range g.Lists {
-		if info.Base == "" {
-			continue
+// keepContents records what a compiled generation's tables hold of pol's
+// lists (hash is their image's) when the policy keeps bases (carries):
+// the digests of the lists, and which of them the generation keeps, the
+// largest first, up to maxBases and maxBaseBytes; a static list's would
+// serve nothing (its changes compile).
+func (g *generation) keepContents(pol *policy.Policy, hash string) {
+	if !carries(pol) {
+		return
+	}
+	g.Skeleton, g.BaseHash, g.bases = skeleton(pol), hash, map[string]*policy.List{}
+	names := slices.SortedFunc(maps.Keys(g.Lists), func(a, b string) int {
+		return cmp.Or(cmp.Compare(baseBytes(pol.Lists[b]), baseBytes(pol.Lists[a])), cmp.Compare(a, b))
+	})
+	budget := maxBaseBytes
+	for _, name := range names {
+		info, l := g.Lists[name], pol.Lists[name]
+		info.Digest = contentDigest(l)
+		if info.Base = info.Bit != 0 && baseBytes(l) <= budget && len(g.bases) < maxBases; info.Base {
+			budget -= baseBytes(l)
+			g.bases[name] = l
 		}
-		path := filepath.Join(fw.basesDir(h, g.N), info.Base)
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err == nil && isDigest(info.Base) {
-			// Named by their contents: lists of the same contents share one.
-			from := []string{path, written[info.Base]}
-			if old != nil {
-				from = append(from, filepath.Join(fw.basesDir(h, old.N), info.Base))
-			}
-			kept := slices.ContainsFunc(from, func(f string) bool {
-				if f == path {
-					_, err := os.Lstat(path)
-					return err == nil
-				}
-				return f != "" && os.Link(f, path) == nil
-			})
-			if !kept {
-				l := g.bases[name]
-				kept = l != nil && writeFile(path, encodeBase(l)) == nil
-			}
-			if kept {
-				written[info.Base] = path
-				continue
-			}
-		}
-		info.Base = ""
 		g.Lists[name] = info
 	}
+}
+
+// keepBases puts g's bases into its lists directory, best effort, once the
+// generation is live. A base is there already when another list of the
+// same contents put it; else it is linked from old's (nil: none) or from
+// another hook's of this apply (written: by digest), else written from the
+// lists g.bases holds. A base that cannot be kept is dropped from the
+// record (a copy of g.Lists: hooks sharing a generation keep their bases
+// apart), and a change to its list then compiles.
+func (fw *Firewall) keepBases(h Hook, old, g *generation, written map[string]string) {
+	g.Lists = maps.Clone(g.Lists)
+	for name, info := range g.Lists {
+		if !info.Base {
+			continue
+		}
+		path := filepath.Join(fw.basesDir(h, g.N), info.Digest)
+		link := func(from string) bool { return from != "" && os.Link(from, path) == nil }
+		_, err := os.Lstat(path)
+		kept := isDigest(info.Digest) && (err == nil || os.MkdirAll(filepath.Dir(path), 0o700) == nil &&
+			(link(written[info.Digest]) || old != nil && link(filepath.Join(fw.basesDir(h, old.N), info.Digest)) ||
+				g.bases[name] != nil && writeFile(path, encodeBase(g.bases[name])) == nil))
+		if kept {
+			written[info.Digest] = path
+			continue
+		}
+		info.Base = false
+		g.Lists[name] = info
+	}
+}
+
+// dropBases removes g's bases, from its record and its lists directory.
+func (fw *Firewall) dropBases(h Hook, g *generation) error {
+	for name, info := range g.Lists {
+		info.Base = false
+		g.Lists[name] = info
+	}
+	return removeAll(fw.basesDir(h, g.N))
+}
+
+// peekLive is the record of the live generation of each of policy i's
+// hooks, in hooks' order (as hooksOf), read ahead (olds) and left there
+// for install; nil for a hook with an apply to confirm first, whose
+// rollback takes the live changes only.
+func peekLive(hooks []Hook, polOf map[string]int, i int, states []*hookState, olds []chan *generation) []*generation {
+	var lives []*generation
+	for j, h := range hooks {
+		if polOf[h.Iface] != i {
+			continue
+		}
+		g := <-olds[j]
+		olds[j] <- g
+		if states[j].pending != nil {
+			g = nil
+		}
+		lives = append(lives, g)
+	}
+	return lives
 }
 
 // encodeBase is a base's file: the counts of IPv4 and IPv6 ranges, the
@@ -245,13 +290,13 @@ func (fw *Firewall) overLists(pol *policy.Policy, hooks []Hook, olds []*generati
 	var fileOps []policy.ListOp
 	for _, name := range slices.Sorted(maps.Keys(g.Lists)) {
 		info, l := g.Lists[name], pol.Lists[name]
-		if info.Base == "" {
+		if !info.Base {
 			if contentDigest(l) != info.Digest {
 				return nil, meta, false // changed, with no base to take the difference from
 			}
 			continue
 		}
-		base, err := fw.readBase(hooks[0], g.N, name, info.Base)
+		base, err := fw.readBase(hooks[0], g.N, name, info.Digest)
 		if err != nil {
 			return nil, meta, false
 		}

@@ -18,8 +18,7 @@ import (
 // they share a bit (a rule naming 250 country lists takes one). The first
 // MaxLists ways take a bit each, those of lists that take in-place changes
 // first, then in the order rules first name them; the rest are *static*:
-// they
-// take no bit, and entries check them by a bit of the address class's row
+// they take no bit, and entries check them by a bit of the address class's row
 // (Static). A shared bit takes in-place additions, which set it, but no
 // removals, which would clear it for the other lists too; a static list
 // takes no in-place change at all, as a change to a class's row would be a
