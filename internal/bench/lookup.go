@@ -35,6 +35,7 @@ const (
 	MixEgress   = "egress"   // the egress study's: /24 10% [/64], /16 1% [/48], the rest /32 [/128]
 	MixRandom32 = "random32" // all host prefixes, /32 [/128]
 	MixNetworks = "networks" // reputation lists of networks: /16–/24 [/19–/64] and 15% hosts
+	MixFlood    = "flood"    // lab drop's sources: hosts of 10.0.0.0/8 [/64s of fd10::/32], ~16 a /24 at 1M
 )
 
 // Traffic kinds: where the sources come from.
@@ -450,8 +451,26 @@ func Prefixes(fam int, mix string, size int) []netip.Prefix {
 // eachPrefix gives Prefixes' prefixes one at a time.
 func eachPrefix(fam int, mix string, size int, yield func(netip.Prefix)) {
 	rng := rand.New(rand.NewPCG(uint64(fam), uint64(size)))
+	if mix == MixFlood {
+		eachFloodSource(fam, size, yield)
+		return
+	}
 	for i := range size {
 		yield(netip.PrefixFrom(randomAddr(fam, rng), lengths(fam, mix, i, rng)).Masked())
+	}
+}
+
+// eachFloodSource gives lab drop's sources (internal/lab's Traffic over
+// its default ranges): size hosts of 10.0.0.0/8, or size /64s of
+// fd10::/32 (bits 32-63), spread by an odd multiplier.
+func eachFloodSource(fam int, size int, yield func(netip.Prefix)) {
+	for i := range uint32(min(size, 1<<24)) {
+		if fam == 4 {
+			const mask = 1<<24 - 1
+			yield(netip.PrefixFrom(policy.UintToV4(10<<24|i*(0x9e3779b1&mask|1)&mask), 32))
+			continue
+		}
+		yield(netip.PrefixFrom(policy.U128{Hi: 0xfd10<<48 | uint64(i*0x9e3779b1)}.Addr(), 64))
 	}
 }
 

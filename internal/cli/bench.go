@@ -147,7 +147,7 @@ func benchLookupCmd(g *globals) *cobra.Command {
 		o        = bench.Options{}
 	)
 	c := &cobra.Command{
-		Use:   "lookup [--sizes 10,1000000] [--mix egress|random32|networks] [--traffic uniform|listed] [--family 4|6] [--large]",
+		Use:   "lookup [--sizes 10,1000000] [--mix egress|random32|networks|flood] [--traffic uniform|listed] [--family 4|6] [--large]",
 		Short: "Per-packet cost of prefix-list lookups: rampart's tables against the kernel's LPM trie",
 		Long: `lookup runs, for every family, prefix mix, list size and traffic, one XDP
 program per step through BPF_PROG_TEST_RUN: a bare XDP_DROP, parsing,
@@ -161,8 +161,9 @@ reads and 4 KiB pages a lookup touches (rampart's, counted by walking its
 tables for the run's sources), the load time and kernel bytes per prefix.
 
 Mixes: egress (the egress study's: /24 10%, /16 1%, the rest /32),
-random32 (all /32) and networks (reputation lists of networks: /16-/24
-and 15% hosts). IPv6 draws prefixes in 2000::/3 with /64, /48 and /128
+random32 (all /32), networks (reputation lists of networks: /16-/24
+and 15% hosts) and flood (lab drop's sources: hosts of 10.0.0.0/8, about
+16 a /24 at a million; /64s of fd10::/32). IPv6 draws prefixes in 2000::/3 with /64, /48 and /128
 for the egress mix's /24, /16 and /32, and /19-/64 for networks.
 Traffic: uniform (random addresses; IPv6 in 2000::/3: mostly misses) and
 listed (addresses inside listed prefixes, as a flood from listed sources).`,
@@ -179,7 +180,7 @@ listed (addresses inside listed prefixes, as a flood from listed sources).`,
 			if o.Families, err = familyList(families); err != nil {
 				return err
 			}
-			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks); err != nil {
+			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks, bench.MixFlood); err != nil {
 				return err
 			}
 			if o.Traffic, err = choices(traffic, "--traffic", bench.TrafficUniform, bench.TrafficListed); err != nil {
@@ -205,7 +206,7 @@ listed (addresses inside listed prefixes, as a flood from listed sources).`,
 	}
 	f := c.Flags()
 	f.StringVar(&sizes, "sizes", "10,1000,100000,1000000,10000000", "list sizes, comma-separated")
-	f.StringVar(&mixes, "mix", "egress,random32", "prefix mixes: egress, random32, networks")
+	f.StringVar(&mixes, "mix", "egress,random32", "prefix mixes: egress, random32, networks, flood")
 	f.StringVar(&traffic, "traffic", "uniform,listed", "traffic: uniform, listed")
 	f.StringVar(&families, "family", "4,6", "address families: 4, 6")
 	f.BoolVar(&large, "large", false, "add 50M and 100M prefixes (needs several GiB for the kernel LPM trie)")
