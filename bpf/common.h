@@ -159,8 +159,8 @@ enum field_base {
 	FIELD_VALUES = BASE_LENGTH + 65537,
 };
 
-/* The cuckoo tables' parameters (lists.h): their buckets, and the
- * multipliers of their two hashes. */
+/* The cuckoo tables' parameters (lists.h): their buckets (0: empty, not
+ * read), and the multipliers of their two hashes. */
 struct list_params {
 	__u32 v4_buckets;
 	__u32 v4_wide_buckets;

@@ -59,6 +59,19 @@ struct address {
 	__u32 set;  /* its class's set of static lists (static_rows), 0: none */
 };
 
+/* classify's answer in one word: the rule entry a frame matches first,
+ * its rule (below MAX_RULES) and action, kept when it is found (looking
+ * the entry up again after classify is two more loads the frame waits
+ * on), and the kinds of action of earlier entries that might have matched
+ * had the frame carried the fields they need (the maybe bits: bit 0 would
+ * have passed it, bit 1 kept it from the stack: drop, or maybe limit or
+ * syncookie). Two pointers out would spill into classify's frame, at the
+ * 512 bytes of stack Linux 6.1 allows a chain of calls. */
+#define HIT_ACTION_SHIFT 24
+#define HIT_RULE_MASK ((1u << HIT_ACTION_SHIFT) - 1)
+#define HIT_FOUND (1ULL << 32)
+#define HIT_MAYBE_SHIFT 33
+
 /* One frame's classification. */
 struct match_ctx {
 	struct pkt *p;
@@ -66,11 +79,12 @@ struct match_ctx {
 	/* The generation's maps the walk reads at every step, looked up once. */
 	void *tree;
 	void *field_eqs;
-	void *rules;
 	struct address src; /* filled by address_lookup */
 	struct address dst;
 	__u32 node;       /* the tree walk's offset; then the leaf's */
 	__u32 first;      /* the lowest entry that matches; NO_ENTRY */
+	__u32 hit;        /* its rule | its action << HIT_ACTION_SHIFT */
+	__u32 gen;        /* the frame's generation */
 	__u32 unknown[2]; /* the lowest that might have, had the frame carried
 			   * the fields it needs: [0] would pass, [1] not */
 };
@@ -277,12 +291,13 @@ static __always_inline long scan_entry(struct match_ctx *m, __u32 i)
 	if (!e || *e >= m->first)
 		return 1; /* an earlier entry of another tree matched */
 	__u32 entry = *e;
-	struct rule *r = bpf_map_lookup_elem(m->rules, &entry);
+	struct rule *r = gen_lookup(&rules, m->gen, &entry);
 	if (!r)
 		return 1;
 	int res = rule_matches(r, m);
 	if (res == MATCH) {
 		m->first = entry;
+		m->hit = r->rule | (__u32)r->action << HIT_ACTION_SHIFT;
 		return 1;
 	}
 	if (res == MATCH_UNKNOWN) {
@@ -326,14 +341,14 @@ static long walk_rest(__u32 i, void *arg)
  * within the 512 bytes of stack Linux 6.1 allows a chain of calls (main,
  * classify, this, a callback: at the limit; the verifier's "stack depth"
  * line, under the kernel tier's 6.1, before growing any). */
-__noinline int address_lookup(const struct pkt *p, int dst, struct address *out, __u32 gen)
+__noinline int address_lookup(const struct pkt *p, int dst, struct address *out, const struct config *c, __u32 gen)
 {
-	if (!p || !out)
+	if (!p || !out || !c)
 		return 0;
 	__u64 mask;
 	__u32 cls;
 	struct class_eqs *e, *ce;
-	int overlaid = lookup_membership(gen, p->family, dst ? p->daddr : p->saddr, &mask, &cls);
+	int overlaid = lookup_membership(c, gen, p->family, dst ? p->daddr : p->saddr, &mask, &cls);
 	if (overlaid)
 		e = gen_lookup(&mask_eqs, gen, &mask);
 	else
@@ -346,27 +361,22 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
 	return 0;
 }
 
-/* The first rule entry a parsed frame matches (NO_ENTRY: none), and in
- * *maybe the kinds of action of earlier entries that might have matched had
- * it carried the fields they need: bit 0 would have passed it, bit 1 kept it
- * from the stack (drop, or maybe: limit, syncookie). Not inlined: its state
- * lives in its own frame, not beside write_synack's, within the 512 bytes
- * of stack Linux 6.1 allows a chain of calls. */
-static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen, const struct config *c)
+/* The first rule entry a parsed frame matches, as a HIT_ word. Not
+ * inlined: its state lives in its own frame, not beside write_synack's,
+ * within the 512 bytes of stack Linux 6.1 allows a chain of calls. */
+static __noinline __u64 classify(struct pkt *p, __u32 gen, const struct config *c)
 {
-	struct match_ctx m = {.p = p, .src.eq = EQ_ANY, .dst.eq = EQ_ANY};
+	struct match_ctx m = {.p = p, .gen = gen, .src.eq = EQ_ANY, .dst.eq = EQ_ANY};
 	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
-	*maybe = 0;
 	m.c = c; /* the entry point's: looked up once a frame */
 	m.tree = gen_map(&tree, gen);
 	m.field_eqs = gen_map(&field_eqs, gen);
-	m.rules = gen_map(&rules, gen);
-	if (!m.c || !m.tree || !m.field_eqs || !m.rules)
-		return NO_ENTRY;
+	if (!m.c || !m.tree || !m.field_eqs)
+		return 0;
 	if (m.c->need_src)
-		address_lookup(p, 0, &m.src, gen);
+		address_lookup(p, 0, &m.src, c, gen);
 	if (m.c->need_dst)
-		address_lookup(p, 1, &m.dst, gen);
+		address_lookup(p, 1, &m.dst, c, gen);
 	for (__u32 t = 0; t < MAX_TREES; t++) {
 		if (t >= m.c->num_trees)
 			break;
@@ -381,18 +391,8 @@ static __noinline __u32 classify(struct pkt *p, __u32 *maybe, __u32 gen, const s
 		if (n && *n && !scan_entry(&m, 0))
 			bpf_loop(*n - 1, scan_rest, &m, 0);
 	}
-	*maybe = (m.unknown[0] < m.first) | (m.unknown[1] < m.first) << 1;
-	return m.first;
-}
-
-/* The rule entry a parsed frame matches first, NULL when none does; in
- * *maybe, as classify says, the kinds of action of earlier entries that
- * might have. Inlined: a frame of its own would add to the stack of the
- * chain of calls through classify, at the 512 bytes Linux 6.1 allows. */
-static __always_inline struct rule *first_rule(struct pkt *p, __u32 *maybe, __u32 gen, const struct config *c)
-{
-	__u32 first = classify(p, maybe, gen, c);
-	return first == NO_ENTRY ? 0 : gen_lookup(&rules, gen, &first);
+	__u64 maybe = (m.unknown[0] < m.first) | (m.unknown[1] < m.first) << 1;
+	return maybe << HIT_MAYBE_SHIFT | (m.first == NO_ENTRY ? 0 : HIT_FOUND | m.hit);
 }
 
 static __always_inline void count(__u32 gen, __u32 slot, __u64 bytes)
@@ -427,15 +427,14 @@ static __always_inline int decide(const struct config *c, __u32 gen, __u32 bytes
 		return c->malformed_action;
 	}
 
-	__u32 maybe = 0;
-	struct rule *r = first_rule(p, &maybe, gen, c);
-
+	__u64 hit = classify(p, gen, c);
+	__u32 maybe = hit >> HIT_MAYBE_SHIFT;
 	__u8 act = c->default_action;
 	__u32 slot = SLOT_DEFAULT;
-	if (r) {
-		act = r->action;
-		*rule = r->rule;
-		slot = SLOT_RULE0 + r->rule;
+	if (hit & HIT_FOUND) {
+		act = (__u32)hit >> HIT_ACTION_SHIFT;
+		*rule = hit & HIT_RULE_MASK;
+		slot = SLOT_RULE0 + *rule;
 	}
 	if (maybe & ~(1 << (act != ACTION_PASS))) {
 		count(gen, SLOT_UNPARSED, bytes);
@@ -539,9 +538,8 @@ int rampart_tc_cookie(struct __sk_buff *skb)
 	struct pkt p = {};
 	if (!c || parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
-	__u32 maybe = 0;
-	struct rule *r = first_rule(&p, &maybe, gen, c);
-	if (!r || r->action != ACTION_SYNCOOKIE)
+	__u64 hit = classify(&p, gen, c);
+	if (!(hit & HIT_FOUND) || (__u32)hit >> HIT_ACTION_SHIFT != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
-	return cookie_ack(skb, &p, gen, r->rule) ? TCX_NEXT : TCX_DROP;
+	return cookie_ack(skb, &p, gen, hit & HIT_RULE_MASK) ? TCX_NEXT : TCX_DROP;
 }

@@ -123,14 +123,16 @@ static __always_inline __u32 second_bucket(__u32 first, __u32 digest, __u64 mul)
 /* The slot s_ of a cuckoo table for which match holds, or NULL. The second
  * bucket is read before the first is compared, so that the two reads
  * overlap whatever the branch predictor guesses. (A second bucket past a
- * table's end cannot be: tables hold whole pages.) */
+ * table's end cannot be: tables hold whole pages.) An empty table (0
+ * buckets) is not read: a list of hosts leaves the others empty, and each
+ * lookup is a chain of loads a frame waits on. */
 #define CUCKOO_FIND(table, gen, buckets, mul, local, digest, match)             \
 	({                                                                      \
 		__u32 d_ = (digest);                                            \
 		__u32 i_ = first_bucket(d_, (mul)[0], buckets);                 \
 		__u32 j_ = (local) ? second_bucket(i_, d_, (mul)[1])            \
 				   : first_bucket(d_, (mul)[1], buckets);         \
-		void *t_ = gen_map(&table, gen);                                \
+		void *t_ = (buckets) ? gen_map(&table, gen) : 0;                \
 		GEN_VALUE(table) *x_ = t_ ? bpf_map_lookup_elem(t_, &i_) : 0;   \
 		GEN_VALUE(table) *y_ = t_ ? bpf_map_lookup_elem(t_, &j_) : 0;   \
 		typeof(&x_->slot[0]) found_ = 0;                                \
@@ -340,12 +342,11 @@ static long overlay_step(__u32 i, void *arg)
 	return overlay_probe(arg);
 }
 
-/* An address's lists in generation gen: its class in the tables (*cls) and
- * the mask of lists after the overlay (*mask). Returns whether the overlay
- * changed it. */
-static __always_inline int lookup_membership(__u32 gen, __u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
+/* An address's lists in generation gen, whose settings are c: its class
+ * in the tables (*cls) and the mask of lists after the overlay (*mask).
+ * Returns whether the overlay changed it. */
+static __always_inline int lookup_membership(const struct config *c, __u32 gen, __u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
 {
-	const struct config *c = gen_config(gen);
 	*cls = 0;
 	*mask = 0;
 	if (!c)
@@ -382,6 +383,6 @@ static __always_inline __u64 list_membership(__u32 gen, __u8 family, const __u8 
 {
 	__u64 mask;
 	__u32 cls;
-	lookup_membership(gen, family, addr, &mask, &cls);
+	lookup_membership(gen_config(gen), gen, family, addr, &mask, &cls);
 	return mask;
 }

@@ -15,12 +15,9 @@ import (
 
 // listParams are the parameters lists.h reads tables t with.
 func listParams(t *compile.Tables) abi.ListParams {
-	// An empty table's bucket count is still a page's, as lists.h
-	// computes buckets; its one element is empty and lookups past it find
-	// nothing.
-	buckets := func(n int) uint32 { return uint32(max(abi.PageBuckets, n)) }
-	return abi.ListParams{V4Buckets: buckets(len(t.V4Blocks)), V4WideBuckets: buckets(len(t.V4Wide)), V4DenseBuckets: buckets(len(t.V4Dense)),
-		V6Buckets: buckets(len(t.V6Blocks)), V6ShortBuckets: buckets(len(t.V6Short)), V6LongBuckets: buckets(len(t.V6Long)), V6HotLen: t.V6HotLen,
+	// An empty table has 0 buckets, which lists.h does not read.
+	return abi.ListParams{V4Buckets: uint32(len(t.V4Blocks)), V4WideBuckets: uint32(len(t.V4Wide)), V4DenseBuckets: uint32(len(t.V4Dense)),
+		V6Buckets: uint32(len(t.V6Blocks)), V6ShortBuckets: uint32(len(t.V6Short)), V6LongBuckets: uint32(len(t.V6Long)), V6HotLen: t.V6HotLen,
 		V4BlockMul: t.V4BlockMul, V4WideMul: t.V4WideMul, V4DenseMul: t.V4DenseMul, V6BlockMul: t.V6BlockMul, V6ShortMul: t.V6ShortMul, V6LongMul: t.V6LongMul}
 }
 
