@@ -215,10 +215,12 @@ struct live {
 	__u64 object;
 };
 
-/* An address class's eqs as a source and as a destination. An address whose
- * lists the overlay changed takes the eqs of its new mask (mask_eqs), or
- * EQ_ANY: every rule stays a candidate and the leaf decides. */
+/* An address class's lists and its eqs as a source and as a destination.
+ * An address whose lists the overlay changed takes the eqs of its new mask
+ * (mask_eqs), or EQ_ANY: every rule stays a candidate and the leaf
+ * decides. */
 struct class_eqs {
+	__u64 mask; /* the class's lists (the classes table's entry), read with its eqs */
 	__u32 src;
 	__u32 dst;
 	__u32 set; /* the class's set of static lists: its row, from 1 (0: none) */

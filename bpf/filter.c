@@ -345,18 +345,16 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
 {
 	if (!p || !out || !c)
 		return 0;
-	__u64 mask;
-	__u32 cls;
-	struct class_eqs *e, *ce;
-	int overlaid = lookup_membership(c, gen, p->family, dst ? p->daddr : p->saddr, &mask, &cls);
-	if (overlaid)
+	const __u8 *a = dst ? p->daddr : p->saddr;
+	__u32 cls = address_class(c, gen, p->family, a);
+	/* The class's lists come with its eqs: one read. */
+	struct class_eqs *ce = gen_lookup(&class_eqs, gen, &cls), *e = ce;
+	__u64 mask = ce ? ce->mask : 0;
+	if (overlay_mask(gen, p->family, a, &mask))
 		e = gen_lookup(&mask_eqs, gen, &mask);
-	else
-		e = gen_lookup(&class_eqs, gen, &cls);
 	out->mask = mask;
 	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
 	/* An address the overlay changed keeps its class's static lists. */
-	ce = static_rows && overlaid ? gen_lookup(&class_eqs, gen, &cls) : e;
 	out->set = static_rows && ce ? ce->set : 0;
 	return 0;
 }

@@ -342,19 +342,16 @@ static long overlay_step(__u32 i, void *arg)
 	return overlay_probe(arg);
 }
 
-/* An address's lists in generation gen, whose settings are c: its class
- * in the tables (*cls) and the mask of lists after the overlay (*mask).
- * Returns whether the overlay changed it. */
-static __always_inline int lookup_membership(const struct config *c, __u32 gen, __u8 family, const __u8 *addr, __u64 *mask, __u32 *cls)
+/* An address's class in generation gen's tables, whose settings are c. */
+static __always_inline __u32 address_class(const struct config *c, __u32 gen, __u8 family, const __u8 *addr)
 {
-	*cls = 0;
-	*mask = 0;
-	if (!c)
-		return 0;
-	*cls = family == 4 ? v4_class(&c->lists, gen, addr) : v6_class(&c->lists, gen, addr);
-	__u64 *m = gen_lookup(&classes, gen, cls);
-	*mask = m ? *m : 0;
+	return family == 4 ? v4_class(&c->lists, gen, addr) : v6_class(&c->lists, gen, addr);
+}
 
+/* Applies generation gen's overlay for addr to *mask, the lists of the
+ * address's class. Returns whether the overlay changed them. */
+static __always_inline int overlay_mask(__u32 gen, __u8 family, const __u8 *addr, __u64 *mask)
+{
 	__u32 fi = family == 4 ? 0 : 1;
 	struct overlay_lengths *lens = gen_lookup(&overlay_lengths, gen, &fi);
 	if (!lens || !(lens->bits[0] | lens->bits[1] | lens->bits[2]))
@@ -381,8 +378,12 @@ static __always_inline int lookup_membership(const struct config *c, __u32 gen, 
 /* The lists holding addr (4 or 16 bytes, network order) in generation gen. */
 static __always_inline __u64 list_membership(__u32 gen, __u8 family, const __u8 *addr)
 {
-	__u64 mask;
-	__u32 cls;
-	lookup_membership(gen_config(gen), gen, family, addr, &mask, &cls);
+	const struct config *c = gen_config(gen);
+	if (!c)
+		return 0;
+	__u32 cls = address_class(c, gen, family, addr);
+	__u64 *m = gen_lookup(&classes, gen, &cls);
+	__u64 mask = m ? *m : 0;
+	overlay_mask(gen, family, addr, &mask);
 	return mask;
 }

@@ -195,11 +195,12 @@ type RuleEvents struct {
 
 // ClassEqs is struct class_eqs.
 type ClassEqs struct {
-	_   structs.HostLayout
-	Src uint32
-	Dst uint32
-	Set uint32
-	Pad uint32
+	_    structs.HostLayout
+	Mask uint64
+	Src  uint32
+	Dst  uint32
+	Set  uint32
+	Pad  uint32
 }
 
 // Live is struct live.

@@ -439,8 +439,12 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 		return int(entries[r].LenLo), int(entries[r].LenHi)
 	}, abi.ValueLong, []status{stNo})
 
-	// Addresses: a class's eq as a source and as a destination.
+	// Addresses: a class's eq as a source and as a destination, and its
+	// lists, which the lookup reads with them.
 	c.ClassEqs = make([]abi.ClassEqs, len(classes))
+	for v, m := range classes {
+		c.ClassEqs[v].Mask = m
+	}
 	var srcPx, dstPx []uint32
 	if px != nil {
 		srcPx, dstPx = px.Src, px.Dst
