@@ -454,10 +454,28 @@ PARSE_FUNCS(skb, struct __sk_buff, 1)
 
 #define PARSE_GENERIC -1
 
+/* An IPv4 header, or an IPv6 header without an extension header a rule
+ * would need walked, at off in the linear part (proto: the EtherType
+ * before it); PARSE_GENERIC, having written nothing, for anything else
+ * that may be IP. */
+static __always_inline int parse_ip(const struct frame *f, __u32 off, __u16 proto, struct pkt *p, int need_l4, const int skb)
+{
+	if (proto == ETH_P_IP) {
+		struct iphdr *ip = in_place(f, off, sizeof(*ip));
+		return ip ? ipv4_header(f, off, ip, p, need_l4, skb) : PARSE_GENERIC;
+	}
+	if (proto == ETH_P_IPV6) {
+		struct ipv6hdr *ip6 = in_place(f, off, sizeof(*ip6));
+		if (!ip6 || (need_l4 && is_ipv6_ext(ip6->nexthdr)))
+			return PARSE_GENERIC;
+		return ipv6_header(f, off, ip6, p, need_l4, skb, 0);
+	}
+	return is_vlan(proto) ? PARSE_GENERIC : PARSE_NON_IP;
+}
+
 /* The common frame, read in place and inlined into the caller: Ethernet, at
- * most VLAN_UNROLLED tags, an IPv4 header or an IPv6 header without an
- * extension header a rule would need walked, in the linear part. It returns
- * PARSE_GENERIC, having written nothing, for anything else. */
+ * most VLAN_UNROLLED tags, then parse_ip. It returns PARSE_GENERIC, having
+ * written nothing, for anything else. */
 static __always_inline int parse_common(const struct frame *f, struct pkt *p, int need_l4, const int skb)
 {
 	__be16 *et = in_place(f, 12, 2);
@@ -475,17 +493,18 @@ static __always_inline int parse_common(const struct frame *f, struct pkt *p, in
 		proto = bpf_ntohs(*t);
 		off += 4;
 	}
-	if (proto == ETH_P_IP) {
-		struct iphdr *ip = in_place(f, off, sizeof(*ip));
-		return ip ? ipv4_header(f, off, ip, p, need_l4, skb) : PARSE_GENERIC;
-	}
-	if (proto == ETH_P_IPV6) {
-		struct ipv6hdr *ip6 = in_place(f, off, sizeof(*ip6));
-		if (!ip6 || (need_l4 && is_ipv6_ext(ip6->nexthdr)))
-			return PARSE_GENERIC;
-		return ipv6_header(f, off, ip6, p, need_l4, skb, 0);
-	}
-	return is_vlan(proto) ? PARSE_GENERIC : PARSE_NON_IP;
+	return parse_ip(f, off, proto, p, need_l4, skb);
+}
+
+/* The commonest frame, untagged, parsed by the entry point itself rather
+ * than by a call: on CPUs whose returns are mitigated (AMD's Safe RET) a
+ * call and its return cost a frame more than this parse. Its one offset
+ * keeps the states the verifier carries from it into the matcher few.
+ * PARSE_GENERIC, having written nothing, for anything else. */
+static __always_inline int parse_untagged(const struct frame *f, struct pkt *p, int need_l4, const int skb)
+{
+	__be16 *et = in_place(f, 12, 2);
+	return et && !is_vlan(bpf_ntohs(*et)) ? parse_ip(f, 14, bpf_ntohs(*et), p, need_l4, skb) : PARSE_GENERIC;
 }
 
 /* Parses a frame into p. need_l4: some rule looks at the protocol, ports or
