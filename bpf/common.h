@@ -223,8 +223,8 @@ struct class_eqs {
 	__u64 mask; /* the class's lists (the classes table's entry), read with its eqs */
 	__u32 src;
 	__u32 dst;
-	__u32 set; /* the class's set of static lists: its row, from 1 (0: none) */
-	__u32 pad; /* an array's elements are 8-byte aligned: mmap sees them so */
+	__u32 set;    /* the class's set of static lists: its row, from 1 (0: none) */
+	__u32 pad[3]; /* 32 bytes: no element straddles a cache line */
 };
 
 /* Rate limits: the generic cell rate algorithm. A packet costs interval ns

@@ -71,6 +71,7 @@ struct address {
 #define HIT_RULE_MASK ((1u << HIT_ACTION_SHIFT) - 1)
 #define HIT_FOUND (1ULL << 32)
 #define HIT_MAYBE_SHIFT 33
+_Static_assert(MAX_RULES <= HIT_RULE_MASK + 1, "a rule's index must fit below HIT_ACTION_SHIFT");
 
 /* One frame's classification. */
 struct match_ctx {
@@ -79,12 +80,12 @@ struct match_ctx {
 	/* The generation's maps the walk reads at every step, looked up once. */
 	void *tree;
 	void *field_eqs;
+	void *rules;
 	struct address src; /* filled by address_lookup */
 	struct address dst;
 	__u32 node;       /* the tree walk's offset; then the leaf's */
 	__u32 first;      /* the lowest entry that matches; NO_ENTRY */
 	__u32 hit;        /* its rule | its action << HIT_ACTION_SHIFT */
-	__u32 gen;        /* the frame's generation */
 	__u32 unknown[2]; /* the lowest that might have, had the frame carried
 			   * the fields it needs: [0] would pass, [1] not */
 };
@@ -291,7 +292,7 @@ static __always_inline long scan_entry(struct match_ctx *m, __u32 i)
 	if (!e || *e >= m->first)
 		return 1; /* an earlier entry of another tree matched */
 	__u32 entry = *e;
-	struct rule *r = gen_lookup(&rules, m->gen, &entry);
+	struct rule *r = bpf_map_lookup_elem(m->rules, &entry);
 	if (!r)
 		return 1;
 	int res = rule_matches(r, m);
@@ -364,12 +365,13 @@ __noinline int address_lookup(const struct pkt *p, int dst, struct address *out,
  * within the 512 bytes of stack Linux 6.1 allows a chain of calls. */
 static __noinline __u64 classify(struct pkt *p, __u32 gen, const struct config *c)
 {
-	struct match_ctx m = {.p = p, .gen = gen, .src.eq = EQ_ANY, .dst.eq = EQ_ANY};
+	struct match_ctx m = {.p = p, .src.eq = EQ_ANY, .dst.eq = EQ_ANY};
 	m.first = m.unknown[0] = m.unknown[1] = NO_ENTRY;
 	m.c = c; /* the entry point's: looked up once a frame */
 	m.tree = gen_map(&tree, gen);
 	m.field_eqs = gen_map(&field_eqs, gen);
-	if (!m.c || !m.tree || !m.field_eqs)
+	m.rules = gen_map(&rules, gen);
+	if (!m.c || !m.tree || !m.field_eqs || !m.rules)
 		return 0;
 	if (m.c->need_src)
 		address_lookup(p, 0, &m.src, c, gen);

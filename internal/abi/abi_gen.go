@@ -200,7 +200,7 @@ type ClassEqs struct {
 	Src  uint32
 	Dst  uint32
 	Set  uint32
-	Pad  uint32
+	Pad  [3]uint32
 }
 
 // Live is struct live.

@@ -460,11 +460,14 @@ func eachPrefix(fam int, mix string, size int, yield func(netip.Prefix)) {
 	}
 }
 
+// FloodSources is the most sources MixFlood holds: the hosts of a /8.
+const FloodSources = 1 << 24
+
 // eachFloodSource gives lab drop's sources (internal/lab's Traffic over
 // its default ranges): size hosts of 10.0.0.0/8, or size /64s of
 // fd10::/32 (bits 32-63), spread by an odd multiplier.
 func eachFloodSource(fam int, size int, yield func(netip.Prefix)) {
-	for i := range uint32(min(size, 1<<24)) {
+	for i := range uint32(min(size, FloodSources)) {
 		if fam == 4 {
 			const mask = 1<<24 - 1
 			yield(netip.PrefixFrom(policy.UintToV4(10<<24|i*(0x9e3779b1&mask|1)&mask), 32))

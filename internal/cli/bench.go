@@ -163,7 +163,7 @@ tables for the run's sources), the load time and kernel bytes per prefix.
 Mixes: egress (the egress study's: /24 10%, /16 1%, the rest /32),
 random32 (all /32), networks (reputation lists of networks: /16-/24
 and 15% hosts) and flood (lab drop's sources: hosts of 10.0.0.0/8, about
-16 a /24 at a million; /64s of fd10::/32). IPv6 draws prefixes in 2000::/3 with /64, /48 and /128
+16 a /24 at a million, at most 16,777,216; /64s of fd10::/32). IPv6 draws prefixes in 2000::/3 with /64, /48 and /128
 for the egress mix's /24, /16 and /32, and /19-/64 for networks.
 Traffic: uniform (random addresses; IPv6 in 2000::/3: mostly misses) and
 listed (addresses inside listed prefixes, as a flood from listed sources).`,
@@ -182,6 +182,9 @@ listed (addresses inside listed prefixes, as a flood from listed sources).`,
 			}
 			if o.Mixes, err = choices(mixes, "--mix", bench.MixEgress, bench.MixRandom32, bench.MixNetworks, bench.MixFlood); err != nil {
 				return err
+			}
+			if slices.Contains(o.Mixes, bench.MixFlood) && slices.Max(o.Sizes) > bench.FloodSources {
+				return fmt.Errorf("--mix flood holds at most %d sources (the hosts of a /8): give smaller --sizes", bench.FloodSources)
 			}
 			if o.Traffic, err = choices(traffic, "--traffic", bench.TrafficUniform, bench.TrafficListed); err != nil {
 				return err

@@ -312,7 +312,7 @@ func (o *Objects) addMaskEqs(v4 []compile.OverlayEntry[abi.LPMKeyV4], v6 []compi
 	}
 	size := uint32(unsafe.Sizeof(abi.ClassEqs{}))
 	if len(deltas) == 0 || o.ClassEqs.ValueSize() != size || o.MaskEqs.ValueSize() != size {
-		return nil // an older build's maps: their masks stay under EQ_ANY
+		return nil // another build's maps: their masks stay under EQ_ANY
 	}
 	masks, err := readArray[uint64](o.Classes)
 	if err != nil {
