@@ -81,7 +81,7 @@ SEC("xdp")
 int bench_parse(struct xdp_md *ctx)
 {
 	struct pkt p = {};
-	if (parse_xdp(ctx, &p, 1) != PARSE_OK)
+	if (parse_frame_xdp(ctx, &p, 1) != PARSE_OK)
 		return XDP_PASS;
 	return XDP_DROP;
 }
@@ -90,7 +90,7 @@ SEC("xdp")
 int bench_lookup(struct xdp_md *ctx)
 {
 	struct pkt p = {};
-	if (parse_xdp(ctx, &p, 1) != PARSE_OK)
+	if (parse_frame_xdp(ctx, &p, 1) != PARSE_OK)
 		return XDP_PASS;
 
 	__u32 si = next_source++ & source_mask;

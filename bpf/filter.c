@@ -465,11 +465,7 @@ int rampart_xdp(struct xdp_md *ctx)
 		return XDP_PASS; /* cannot be: a generation is filled before attach */
 	struct pkt p = {};
 	__u32 rule = 0;
-	struct frame f;
-	frame_xdp(&f, ctx);
-	int parsed = parse_untagged(&f, &p, c->need_l4, 0);
-	if (parsed == PARSE_GENERIC)
-		parsed = parse_xdp(ctx, &p, c->need_l4);
+	int parsed = parse_frame_xdp(ctx, &p, c->need_l4);
 	__u32 bytes = ctx->data_end - ctx->data;
 	switch (decide(c, gen, bytes, parsed, &p, &rule)) {
 	case VERDICT_DROP:
@@ -519,11 +515,7 @@ int rampart_tc(struct __sk_buff *skb)
 		return TCX_NEXT; /* cannot be: a generation is filled before attach */
 	struct pkt p = {};
 	__u32 rule = 0;
-	struct frame f;
-	frame_skb(&f, skb);
-	int parsed = parse_untagged(&f, &p, c->need_l4, 1);
-	if (parsed == PARSE_GENERIC)
-		parsed = parse_skb(skb, &p, c->need_l4);
+	int parsed = parse_frame_skb(skb, &p, c->need_l4);
 	switch (decide(c, gen, skb->len, parsed, &p, &rule)) {
 	case VERDICT_DROP:
 		return TCX_DROP;

@@ -530,3 +530,21 @@ __noinline int parse_skb(struct __sk_buff *skb, struct pkt *p, int need_l4)
 	int r = parse_common(&f, p, need_l4, 1);
 	return r == PARSE_GENERIC ? parse_generic_skb(skb, p, need_l4) : r;
 }
+
+/* What an entry point calls: an untagged frame parsed inline
+ * (parse_untagged), any other through the global functions. */
+static __always_inline int parse_frame_xdp(struct xdp_md *ctx, struct pkt *p, int need_l4)
+{
+	struct frame f;
+	frame_xdp(&f, ctx);
+	int r = parse_untagged(&f, p, need_l4, 0);
+	return r == PARSE_GENERIC ? parse_xdp(ctx, p, need_l4) : r;
+}
+
+static __always_inline int parse_frame_skb(struct __sk_buff *skb, struct pkt *p, int need_l4)
+{
+	struct frame f;
+	frame_skb(&f, skb);
+	int r = parse_untagged(&f, p, need_l4, 1);
+	return r == PARSE_GENERIC ? parse_skb(skb, p, need_l4) : r;
+}
