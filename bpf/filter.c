@@ -73,6 +73,17 @@ struct address {
 #define HIT_MAYBE_SHIFT 33
 _Static_assert(MAX_RULES <= HIT_RULE_MASK + 1, "a rule's index must fit below HIT_ACTION_SHIFT");
 
+/* A HIT_FOUND word's action, or -1 when no entry matched. */
+static __always_inline int hit_action(__u64 hit)
+{
+	return hit & HIT_FOUND ? (int)((__u32)hit >> HIT_ACTION_SHIFT) : -1;
+}
+
+static __always_inline __u32 hit_rule(__u64 hit)
+{
+	return hit & HIT_RULE_MASK;
+}
+
 /* One frame's classification. */
 struct match_ctx {
 	struct pkt *p;
@@ -431,9 +442,9 @@ static __always_inline int decide(const struct config *c, __u32 gen, __u32 bytes
 	__u32 maybe = hit >> HIT_MAYBE_SHIFT;
 	__u8 act = c->default_action;
 	__u32 slot = SLOT_DEFAULT;
-	if (hit & HIT_FOUND) {
-		act = (__u32)hit >> HIT_ACTION_SHIFT;
-		*rule = hit & HIT_RULE_MASK;
+	if (hit_action(hit) >= 0) {
+		act = hit_action(hit);
+		*rule = hit_rule(hit);
 		slot = SLOT_RULE0 + *rule;
 	}
 	if (maybe & ~(1 << (act != ACTION_PASS))) {
@@ -539,7 +550,7 @@ int rampart_tc_cookie(struct __sk_buff *skb)
 	if (!c || parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
 	__u64 hit = classify(&p, gen, c);
-	if (!(hit & HIT_FOUND) || (__u32)hit >> HIT_ACTION_SHIFT != ACTION_SYNCOOKIE)
+	if (hit_action(hit) != ACTION_SYNCOOKIE)
 		return TCX_NEXT;
-	return cookie_ack(skb, &p, gen, hit & HIT_RULE_MASK) ? TCX_NEXT : TCX_DROP;
+	return cookie_ack(skb, &p, gen, hit_rule(hit)) ? TCX_NEXT : TCX_DROP;
 }
