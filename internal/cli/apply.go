@@ -77,7 +77,7 @@ this command is killed.`,
 				}
 				g.warnings([]string{fmt.Sprintf("list %q holds the %d CrowdSec decisions rampart serve saved last; only rampart serve follows the LAPI", pol.CrowdSec.List, n)})
 			}
-			res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: ifaces, Mode: m, Egress: egress, Force: force, Confirm: confirm})
+			res, err := fw.Apply(engine.ApplyRequest{Policy: pol, Ifaces: ifaces, Mode: m, Egress: egress, Force: force, Confirm: confirm, RangesDone: true})
 			if res != nil {
 				g.notes(res.Recovered)
 				g.warnings(res.Warnings)

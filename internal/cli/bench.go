@@ -287,7 +287,7 @@ tables' kernel memory.`,
 			if g.json {
 				return g.printJSON(map[string]any{"runs": o.Runs, "results": res})
 			}
-			rows := [][]string{{"FAMILY", "MIX", "SIZE", "FILE MB", "TABLES MB", "STEP", "SECONDS", "MIN-MAX", "PEAK RSS MB"}}
+			rows := [][]string{{"FAMILY", "MIX", "SIZE", "FILE MiB", "TABLES MiB", "STEP", "SECONDS", "MIN-MAX", "PEAK RSS MiB"}}
 			for _, r := range res {
 				secs, mm, rss := "failed: "+r.Error, "-", "-"
 				if r.Error == "" {

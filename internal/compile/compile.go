@@ -16,7 +16,16 @@ import (
 // each an entry tests by membership gets a bit of the membership mask
 // (policy.ListUse: lists that the same rules name may share one), and each
 // inline prefix an entry checks by its bits (policy.SplitSide) an id.
-func Build(pol *policy.Policy) *Image {
+func Build(pol *policy.Policy) *Image { return build(pol, false) }
+
+// BuildReleasingRanges is Build for a caller that reads pol's lists' ranges
+// no more (a one-shot apply or check): each list's ranges of a family are
+// dropped (set to nil) once that family's tables no longer read them, so
+// that the collector reuses their memory while the tables are laid out.
+// Ten million IPv6 /128s are 305 MiB of ranges.
+func BuildReleasingRanges(pol *policy.Policy) *Image { return build(pol, true) }
+
+func build(pol *policy.Policy, release bool) *Image {
 	use := pol.ListUse()
 	b := builder{pol: pol, bits: use.Bits(), static: use.Static(), ids: map[netip.Prefix]uint32{}, parts: newStaticSets()}
 	img := &Image{DefaultAction: action(pol.Default), UnparsedAction: action(pol.Unparsed), MalformedAction: action(pol.MalformedAction()),
@@ -49,7 +58,7 @@ func Build(pol *policy.Policy) *Image {
 		listBits = append(listBits, bit)
 		static = append(static, b.static[name])
 	}
-	img.Tables = BuildTables(lists, listBits, static, b.prefixes)
+	img.Tables = buildTables(lists, listBits, static, b.prefixes, release)
 	rows := b.rows(&img.Tables)
 	img.Classifier = Classify(img.Rules, img.Classes, &Prefixes{Parent: img.prefixParent, OfClass: img.classPrefix, Src: b.src, Dst: b.dst}, rows)
 	return img
@@ -300,7 +309,13 @@ func addrWords(bits *policy.AddrBits) (mask, want [2]uint64) {
 // prefixes[i]), which take no bit: a class inside one has ClassUnmasked
 // set.
 func BuildTables(lists []*policy.List, bits []uint64, static []uint32, prefixes []netip.Prefix) Tables {
-	var t Tables
+	return buildTables(lists, bits, static, prefixes, false)
+}
+
+// buildTables is BuildTables, which with release drops the lists' ranges
+// as it is done with them (BuildReleasingRanges).
+func buildTables(lists []*policy.List, bits []uint64, static []uint32, prefixes []netip.Prefix, release bool) Tables {
+	t := Tables{releaseRanges: release}
 	var ops []policy.ListOp
 	byName := map[string]uint64{}
 	for i, l := range lists {
@@ -310,7 +325,7 @@ func BuildTables(lists []*policy.List, bits []uint64, static []uint32, prefixes 
 	if static == nil {
 		static = make([]uint32, len(lists))
 	}
-	lists, bits, static = unite(lists, bits, static)
+	lists, bits, static = unite(lists, bits, static, release)
 	c := newClasses(&t)
 	t.sets = c.sets
 	t.prefixParent = make([]uint32, len(prefixes)+1)
@@ -323,7 +338,7 @@ func BuildTables(lists []*policy.List, bits []uint64, static []uint32, prefixes 
 // unite makes the lists that share a bit or a static way (policy.ListUse)
 // one list each, their union, so that the sweeps walk a list per bit or
 // way, however many lists a policy names.
-func unite(lists []*policy.List, bits []uint64, static []uint32) ([]*policy.List, []uint64, []uint32) {
+func unite(lists []*policy.List, bits []uint64, static []uint32, release bool) ([]*policy.List, []uint64, []uint32) {
 	type way struct {
 		bit    uint64
 		static uint32
@@ -352,6 +367,9 @@ func unite(lists []*policy.List, bits []uint64, static []uint32) ([]*policy.List
 		u := &policy.List{Name: ls[0].Name}
 		for _, l := range ls {
 			u.V4, u.V6 = append(u.V4, l.V4...), append(u.V6, l.V6...)
+			if release { // the union holds them now
+				l.V4, l.V6 = nil, nil
+			}
 		}
 		u.V4, u.V6 = policy.MergeRanges4(u.V4), policy.MergeRanges6(u.V6)
 		out[i] = u

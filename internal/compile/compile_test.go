@@ -559,3 +559,41 @@ func TestHashSeesStaticLists(t *testing.T) {
 		t.Errorf("x and y swapped: both hash %s", hashes[0])
 	}
 }
+
+// TestBuildReleasingRanges: a build that frees the lists' ranges as it goes
+// gives the image Build gives, lists that share a bit (a union) included,
+// and leaves the ranges it used nil.
+func TestBuildReleasingRanges(t *testing.T) {
+	// Seventy lists one rule names share a bit (policy.ListUse); one
+	// more takes one of its own.
+	var b strings.Builder
+	b.WriteString("lists:\n")
+	var names []string
+	for i := range 70 {
+		fmt.Fprintf(&b, "  l%d: {prefixes: [10.%d.0.0/16, 192.0.2.%d, \"2001:db8:%x::/48\", \"2001:db9::%x\"]}\n", i, i, i, i, i)
+		names = append(names, fmt.Sprintf("l%d", i))
+	}
+	b.WriteString("  c: {prefixes: [203.0.113.0/24, \"2001:dba::1\"]}\n")
+	fmt.Fprintf(&b, "rules:\n  - {name: shared, src: [%s], action: drop}\n  - {name: c, dst: c, action: drop}\n", strings.Join(names, ", "))
+	parse := func() *policy.Policy {
+		pol, err := policy.Parse("p.yaml", []byte(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pol
+	}
+	img := Build(parse())
+	if img.Lists["l0"] == 0 || img.Lists["l0"] != img.Lists["l69"] {
+		t.Fatalf("lists l0 and l69 take bits %b and %b, want one", img.Lists["l0"], img.Lists["l69"])
+	}
+	want := img.Hash()
+	pol := parse()
+	if got := BuildReleasingRanges(pol).Hash(); got != want {
+		t.Errorf("image %s, want %s", got, want)
+	}
+	for name, l := range pol.Lists {
+		if l.V4 != nil || l.V6 != nil {
+			t.Errorf("list %s still holds %d and %d ranges", name, len(l.V4), len(l.V6))
+		}
+	}
+}

@@ -63,8 +63,11 @@ type Tables struct {
 	// holding its addresses, one of sets.
 	classStatic []uint32
 	sets        *staticSets
-	OverlayV4   []OverlayEntry[abi.LPMKeyV4]
-	OverlayV6   []OverlayEntry[abi.LPMKeyV6]
+	// releaseRanges: the build drops the lists' ranges once done with
+	// them (BuildReleasingRanges).
+	releaseRanges bool
+	OverlayV4     []OverlayEntry[abi.LPMKeyV4]
+	OverlayV6     []OverlayEntry[abi.LPMKeyV6]
 }
 
 // Entry is one prefix and the bitmask of the lists holding it.

@@ -111,6 +111,11 @@ func buildV4(t *Tables, c *classes, lists []*policy.List, bits []uint64, static 
 		}
 	})
 	b.flush()
+	if t.releaseRanges {
+		for _, l := range lists {
+			l.V4 = nil
+		}
+	}
 	b.fillTbl8s()
 	key := func(s *abi.V4Block) uint32 { return s.Key }
 	t.V4Blocks, t.V4BlockMul = cuckooTable[abi.V4Bucket](b.blocks, key, quadShape)

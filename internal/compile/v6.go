@@ -97,6 +97,11 @@ func buildV6(t *Tables, c *classes, lists []*policy.List, masks []uint64, static
 			long = append(long, abi.V6LongSlot{Hi: e.first.Hi, Lo: e.first.Lo, Len: uint32(e.len), Cls: cls})
 		}
 	})
+	if t.releaseRanges { // before the tables are laid out, their peak
+		for _, l := range lists {
+			l.V6 = nil
+		}
+	}
 	blocks := mergeBlocks(lens, wide)
 	lens, wide = nil, nil
 	t.V6HotLen = hotLength(short, long) // before the tables take the slices' memory

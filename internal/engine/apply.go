@@ -37,6 +37,9 @@ type ApplyRequest struct {
 	// tables (fold.go) instead of the overlay: the daemon folds them in
 	// the background as they pile up.
 	Fold func(list string) bool
+	// RangesDone: the caller reads the policy's lists' ranges no more (a
+	// one-shot apply), so the build may free them as it goes.
+	RangesDone bool
 }
 
 // Applied is one hook an apply changed.
@@ -226,7 +229,13 @@ func (fw *Firewall) Apply(req ApplyRequest) (*ApplyResult, error) {
 		// The maps of a new generation of the hooks' programs are made
 		// while the policy compiles, in case it fits their shape.
 		spare := datapath.MakeSpare(shape)
-		img := compile.Build(pol)
+		build := compile.Build
+		// Unless another policy shares the lists, or the generation keeps
+		// their contents (bases) to carry later changes.
+		if req.RangesDone && len(pols) == 1 && !carries(pol) {
+			build = compile.BuildReleasingRanges
+		}
+		img := build(pol)
 		kernelBytes += img.KernelBytes()
 		if err := datapath.CheckCap(kernelBytes, fw.maxTableBytes); err != nil {
 			spare.Close()

@@ -39,9 +39,23 @@ type ListReport struct {
 // Check compiles a policy as Apply would and refuses what Apply would refuse
 // before touching the host (tables over the memory there is or over
 // maxTableBytes, the operator's cap as in Options), without changing
-// anything.
+// anything. It reports the lists first and then frees their ranges as it
+// compiles (compile.BuildReleasingRanges): its caller is done with them.
 func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
-	img := compile.Build(pol)
+	var lists []ListReport
+	entries, skipped := 0, 0
+	for _, name := range pol.ListNames() {
+		l := pol.Lists[name]
+		if l.Inline.IsValid() { // a rule's prefix, no list
+			continue
+		}
+		entries += l.Entries
+		skipped += l.Skipped
+		v4, v6 := l.Addresses()
+		lists = append(lists, ListReport{Name: name, Entries: l.Entries, Skipped: l.Skipped,
+			V4Ranges: len(l.V4), V4Addresses: v4, V6Ranges: len(l.V6), V6Addresses: v6})
+	}
+	img := compile.BuildReleasingRanges(pol)
 	if err := datapath.CheckCap(img.KernelBytes(), maxTableBytes); err != nil {
 		return nil, err
 	}
@@ -51,17 +65,9 @@ func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 	t := &img.Tables
 	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: t.V4DenseBlocks() + len(t.V4Tbl8s), V6Prefixes: t.V6Prefixes(),
 		TableBytes: img.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
-		Warnings: pol.Warnings, Lists: []ListReport{}}
-	for _, name := range pol.ListNames() {
-		l := pol.Lists[name]
-		if l.Inline.IsValid() { // a rule's prefix, no list
-			continue
-		}
-		r.Entries += l.Entries
-		r.SkippedLines += l.Skipped
-		v4, v6 := l.Addresses()
-		r.Lists = append(r.Lists, ListReport{Name: name, Entries: l.Entries, Skipped: l.Skipped,
-			V4Ranges: len(l.V4), V4Addresses: v4, V6Ranges: len(l.V6), V6Addresses: v6})
+		Warnings: pol.Warnings, Lists: lists, Entries: entries, SkippedLines: skipped}
+	if r.Lists == nil {
+		r.Lists = []ListReport{}
 	}
 	bits := map[uint64]bool{}
 	for _, b := range img.Lists {
