@@ -68,19 +68,23 @@ func blockMultipliers(seed uint64) [2]uint64 {
 // copied over the items).
 func cuckooTable[B, S any](items []S, digest func(*S) uint32, sh shape) ([]B, [2]uint64) {
 	keys := make([]uint32, len(items))
-	for i := range items {
-		keys[i] = digest(&items[i])
-	}
+	inPieces(len(items), func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			keys[i] = digest(&items[i])
+		}
+	})
 	slots, buckets, mul := placeCuckoo(keys, sh)
 	if buckets == 0 {
 		return nil, mul
 	}
 	pos := make([]uint32, len(items)) // each item's slot
-	for s, k := range slots {
-		if k != 0 {
-			pos[k-1] = uint32(s)
+	inPieces(len(slots), func(lo, hi int) {
+		for s, k := range slots[lo:hi] {
+			if k != 0 {
+				pos[k-1] = uint32(lo + s)
+			}
 		}
-	}
+	})
 	n := len(slots)
 	slots = nil
 	var table []S
@@ -129,12 +133,19 @@ var scatterBytes uintptr = 64 << 20
 // one slot.
 func scatter[S any](items []S, n int, pos []uint32) []S {
 	table := make([]S, n)
-	policy.InPieces(len(items), max(1, min(runtime.GOMAXPROCS(0), len(items)/(1<<16))), func(_, lo, hi int) {
+	inPieces(len(items), func(lo, hi int) {
 		for i, at := range pos[lo:hi] {
 			table[at] = items[lo+i]
 		}
 	})
 	return table
+}
+
+// inPieces runs do over pieces of [0, n) at once, one per CPU and of
+// 65,536 elements at least: for loops over a big table's keys whose
+// iterations touch nothing in common.
+func inPieces(n int, do func(lo, hi int)) {
+	policy.InPieces(n, max(1, min(runtime.GOMAXPROCS(0), n/(1<<16))), func(_, lo, hi int) { do(lo, hi) })
 }
 
 // permute moves a[i] to a[pos[i]] for the first n elements, in place: the
@@ -238,11 +249,13 @@ func cuckoo(keys []uint32, sh shape, n uint32, mul [2]uint64, seed uint64) ([]ui
 	if slices.Contains(ok, false) {
 		return nil, false
 	}
-	for s, item := range table {
-		if item != 0 {
-			table[s] = sorted[item-1].key + 1
+	inPieces(len(table), func(lo, hi int) {
+		for s, item := range table[lo:hi] {
+			if item != 0 {
+				table[lo+s] = sorted[item-1].key + 1
+			}
 		}
-	}
+	})
 	return table, true
 }
 
@@ -313,22 +326,37 @@ type pageKey struct{ digest, key uint32 }
 
 // byPage is the keys ordered by the page of their first bucket, keeping
 // the keys' order within a page (a counting sort), and where each page's
-// keys start in that order (start[pages] is their count).
+// keys start in that order (start[pages] is their count). Pieces of keys
+// are counted and placed at once, each from where the pieces before it
+// leave each page: the order is the same whatever the pieces.
 func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) (sorted []pageKey, start []uint32) {
 	page := func(k uint32) uint32 { return bucketPair(k, mul, n, local)[0] / abi.PageBuckets }
-	start = make([]uint32, n/abi.PageBuckets+1)
-	for _, k := range keys {
-		start[page(k)+1]++
+	pages := int(n / abi.PageBuckets)
+	pieces := max(1, min(runtime.GOMAXPROCS(0), len(keys)/(1<<16)))
+	next := make([][]uint32, pieces) // piece -> page -> its keys' next place
+	policy.InPieces(len(keys), pieces, func(p, lo, hi int) {
+		count := make([]uint32, pages)
+		for _, k := range keys[lo:hi] {
+			count[page(k)]++
+		}
+		next[p] = count
+	})
+	start = make([]uint32, pages+1)
+	for pg := range pages {
+		at := start[pg]
+		for p := range next {
+			at, next[p][pg] = at+next[p][pg], at
+		}
+		start[pg+1] = at
 	}
-	for p := 1; p < len(start); p++ {
-		start[p] += start[p-1]
-	}
-	next := slices.Clone(start)
 	sorted = make([]pageKey, len(keys))
-	for i, k := range keys {
-		p := page(k)
-		sorted[next[p]] = pageKey{k, uint32(i)}
-		next[p]++
-	}
+	policy.InPieces(len(keys), pieces, func(p, lo, hi int) {
+		next := next[p]
+		for i := lo; i < hi; i++ {
+			pg := page(keys[i])
+			sorted[next[pg]] = pageKey{keys[i], uint32(i)}
+			next[pg]++
+		}
+	})
 	return sorted, start
 }
