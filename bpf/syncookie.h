@@ -23,8 +23,19 @@ enum cookie_bits {
 	COOKIE_ECN = 1 << 5,
 	COOKIE_MSS_SHIFT = 6,
 	COOKIE_HASH_MASK = ~0xffu,
-	COOKIE_SLOT_SHIFT = 36, /* ns >> 36: slots of 68.7 s */
 };
+
+/* The cookie's time slot, about a minute: jiffies >> cookie_slot_shift,
+ * which the loader sets from the kernel's tick (internal/datapath's
+ * cookieSlotShift). The verifier inlines bpf_jiffies64 into a load on
+ * 64-bit JITs; the coarse clock's helper cost a call and a return every
+ * SYN (5% of the receiving CPU's time under lab flood's SYN flood). */
+volatile const __u8 cookie_slot_shift = 16;
+
+static __always_inline __u64 cookie_slot(void)
+{
+	return bpf_jiffies64() >> cookie_slot_shift;
+}
 
 static const __u16 msstab4[4] = {536, 1300, 1440, 1460};
 static const __u16 msstab6[4] = {1220, 1420, 1440, 8940};
@@ -154,11 +165,11 @@ struct synack {
 
 /* Builds the SYN-ACK for SYN s (with options o) of packet p; returns the
  * L3+L4 length written at the start of r. */
-static __always_inline __u32 build_synack(const struct pkt *p, const struct tcp_head *s, const struct tcp_opts *o, struct synack *r, __u64 now)
+static __always_inline __u32 build_synack(const struct pkt *p, const struct tcp_head *s, const struct tcp_opts *o, struct synack *r, __u64 slot)
 {
 	__u32 tsval;
 	__u32 isn = bpf_ntohl(s->seq);
-	__u32 cookie = make_cookie(p, isn, o, &tsval, now >> COOKIE_SLOT_SHIFT);
+	__u32 cookie = make_cookie(p, isn, o, &tsval, slot);
 	const __u16 *tab = p->family == 4 ? msstab4 : msstab6;
 	__u16 mss = tab[(cookie >> COOKIE_MSS_SHIFT) & 3];
 
@@ -322,7 +333,7 @@ static __noinline __u32 write_synack(void *ctx, const struct pkt *p, __u32 gen, 
 		return 0;
 	struct synack *rp = &sc->reply;
 	__builtin_memset(rp, 0, sizeof(*rp));
-	__u32 len = build_synack(p, &h, &w.o, rp, bpf_ktime_get_coarse_ns());
+	__u32 len = build_synack(p, &h, &w.o, rp, cookie_slot());
 	__u32 l3 = p->family == 4 ? 20 : 40;
 	__u32 want = p->l3_off + len;
 	if (want > 0xffff || len < l3 + 20 || len > l3 + 60)
@@ -497,7 +508,7 @@ static __noinline int synack_in_place(struct xdp_md *ctx, const struct pkt *p, _
 		return 0;
 	/* The tail may move below; the header does not. */
 	a.isn = bpf_ntohl(th->seq);
-	a.cookie = make_cookie(p, a.isn, &a.o, &a.tsval, bpf_ktime_get_coarse_ns() >> COOKIE_SLOT_SHIFT);
+	a.cookie = make_cookie(p, a.isn, &a.o, &a.tsval, cookie_slot());
 	int ok;
 	if (v6)
 		ok = a.o.ts ? answer_in_place(ctx, &a, 1, 20) : answer_in_place(ctx, &a, 1, 4);
@@ -554,7 +565,7 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 	tcp_parse_opts(&w);
 	const struct tcp_opts o = w.o;
 	__u32 cookie = bpf_ntohl(s->ack_seq) - 1, isn = bpf_ntohl(s->seq) - 1;
-	__u64 slot = bpf_ktime_get_coarse_ns() >> COOKIE_SLOT_SHIFT;
+	__u64 slot = cookie_slot();
 	int ok = 0;
 #pragma unroll
 	for (int k = 0; k < 2; k++) {

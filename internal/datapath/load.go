@@ -11,6 +11,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -87,6 +88,18 @@ func NewFloodKey() ([2]uint64, error) {
 	return key, nil
 }
 
+// cookieSlotShift is the SYN cookies' time slot (bpf/syncookie.h), a
+// shift of jiffies to about a minute: log2 of 64 s in the kernel's ticks,
+// whose length is the coarse clock's resolution. 16 at 1000 Hz, 14 at 250
+// (65.5 s each), 13 at 100 (81.9 s).
+func cookieSlotShift() (uint8, error) {
+	var res unix.Timespec
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil || res.Nano() <= 0 {
+		return 0, fmt.Errorf("read the kernel's tick (the coarse clock's resolution, %d ns): %v", res.Nano(), err)
+	}
+	return uint8(math.Round(math.Log2(64e9 / float64(res.Nano())))), nil
+}
+
 // LoadKeyed is Load under a given flood key: a re-apply keeps the last
 // one, so that the ACK to a SYN-ACK the old program sent still proves its
 // cookie to the new one. The program's shape fits img with room to grow:
@@ -106,6 +119,13 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	rows := b2u8(img.RowWords > 0)
 	if err := spec.Variables["static_rows"].Set(rows); err != nil {
 		return nil, fmt.Errorf("set the rows' check: %w", err)
+	}
+	shift, err := cookieSlotShift()
+	if err != nil {
+		return nil, err
+	}
+	if err := spec.Variables["cookie_slot_shift"].Set(shift); err != nil {
+		return nil, fmt.Errorf("set the SYN cookies' time slot: %w", err)
 	}
 	// The generation's maps come first: each outer map takes its
 	// generation's map as the template of the maps it holds (outerMap).
