@@ -11,12 +11,10 @@ volatile const __u8 cookie_wscale = 7; /* the window scale SYN-ACKs offer */
 
 /* SYN cookies. The cookie is the SYN-ACK's sequence number: 24 bits of a
  * SipHash of the connection's addresses, ports, the client's sequence number
- * and a 64-second time slot, then the MSS index, ECN, SACK and the client's
- * window scale (0xf: none). With timestamps, 8 more bits of the hash ride in
- * the low byte of the SYN-ACK's TSval. The ACK proves the cookie within two
- * time slots. Slots are read from the coarse clock: a tick's precision is
- * plenty for 68-second slots, and reading the clock source is not free,
- * least of all in a VM. */
+ * and a time slot of about a minute (cookie_slot), then the MSS index, ECN,
+ * SACK and the client's window scale (0xf: none). With timestamps, 8 more
+ * bits of the hash ride in the low byte of the SYN-ACK's TSval. The ACK
+ * proves the cookie within two time slots. */
 enum cookie_bits {
 	COOKIE_WSCALE_NONE = 0xf,
 	COOKIE_SACK = 1 << 4,

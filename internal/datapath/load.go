@@ -94,10 +94,18 @@ func NewFloodKey() ([2]uint64, error) {
 // (65.5 s each), 13 at 100 (81.9 s).
 func cookieSlotShift() (uint8, error) {
 	var res unix.Timespec
-	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil || res.Nano() <= 0 {
-		return 0, fmt.Errorf("read the kernel's tick (the coarse clock's resolution, %d ns): %v", res.Nano(), err)
+	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil {
+		return 0, fmt.Errorf("read the kernel's tick (the coarse clock's resolution): %w", err)
 	}
-	return uint8(math.Round(math.Log2(64e9 / float64(res.Nano())))), nil
+	return slotShift(res.Nano())
+}
+
+// slotShift is cookieSlotShift for a tick of that many ns.
+func slotShift(tick int64) (uint8, error) {
+	if tick <= 0 || tick > 1e9 {
+		return 0, fmt.Errorf("the kernel's tick (the coarse clock's resolution) is %d ns: not a tick of 1-1000 Hz", tick)
+	}
+	return uint8(math.Round(math.Log2(64e9 / float64(tick)))), nil
 }
 
 // LoadKeyed is Load under a given flood key: a re-apply keeps the last

@@ -39,7 +39,7 @@ type ListReport struct {
 // Check compiles a policy as Apply would and refuses what Apply would refuse
 // before touching the host (tables over the memory there is or over
 // maxTableBytes, the operator's cap as in Options), without changing
-// anything. It reports the lists first and then frees their ranges as it
+// anything on the host. It reports the lists first and then frees their ranges as it
 // compiles (compile.BuildReleasingRanges): its caller is done with them.
 func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 	var lists []ListReport
