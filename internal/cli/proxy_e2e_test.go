@@ -125,10 +125,12 @@ http {
 `, dir)), 0o644)
 	ngx := exec.Command("ip", "netns", "exec", l.backend, "nginx", "-c", nginxConf, "-g", "daemon off;")
 	ngx.Stderr = os.Stderr
+	// A group of its own, killed whole: a worker outlives a killed master.
+	ngx.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := ngx.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ngx.Process.Kill(); ngx.Wait() })
+	t.Cleanup(func() { syscall.Kill(-ngx.Process.Pid, syscall.SIGKILL); ngx.Wait() })
 
 	// The UDP echo records its peers.
 	var mu sync.Mutex
