@@ -104,12 +104,12 @@ static __always_inline int limit_conforms(const struct config *c, __u32 gen, __u
 	const struct limit *l = gen_lookup(&limits, gen, &rule);
 	if (!l)
 		return 1;
-	/* The coarse clock: the fine one fences the TSC read on every limited
+	/* A coarse clock: the fine one fences the TSC read on every limited
 	 * packet, most of a limit's cost. It steps by a tick (1-10 ms), so the
 	 * compiler gives every schedule a tolerance of at least one tick: a
 	 * schedule brought up to a stepped now still runs the rate over time,
 	 * as iptables' hashlimit does on jiffies. */
-	__u64 now = bpf_ktime_get_coarse_ns();
+	__u64 now = clock_ns();
 	__u64 cost = l->interval;
 	if (l->flags & LIMIT_BYTES)
 		cost = (bytes * l->interval) >> LIMIT_BYTE_SHIFT;

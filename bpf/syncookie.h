@@ -11,7 +11,7 @@ volatile const __u8 cookie_wscale = 7; /* the window scale SYN-ACKs offer */
 
 /* SYN cookies. The cookie is the SYN-ACK's sequence number: 24 bits of a
  * SipHash of the connection's addresses, ports, the client's sequence number
- * and a time slot of about a minute (cookie_slot), then the MSS index, ECN,
+ * and a time slot of 68.7 s (cookie_slot), then the MSS index, ECN,
  * SACK and the client's window scale (0xf: none). With timestamps, 8 more
  * bits of the hash ride in the low byte of the SYN-ACK's TSval. The ACK
  * proves the cookie within two time slots. */
@@ -21,18 +21,13 @@ enum cookie_bits {
 	COOKIE_ECN = 1 << 5,
 	COOKIE_MSS_SHIFT = 6,
 	COOKIE_HASH_MASK = ~0xffu,
+	COOKIE_SLOT_SHIFT = 36, /* ns >> 36: slots of 68.7 s */
 };
 
-/* The cookie's time slot, about a minute: jiffies >> cookie_slot_shift,
- * which the loader sets from the kernel's tick (internal/datapath's
- * cookieSlotShift). The verifier inlines bpf_jiffies64 into a load on
- * 64-bit JITs; the coarse clock's helper cost a call and a return every
- * SYN (5% of the receiving CPU's time under lab flood's SYN flood). */
-volatile const __u8 cookie_slot_shift = 16;
-
+/* The cookie's time slot: 68.7 s of the coarse clock (flood.h). */
 static __always_inline __u64 cookie_slot(void)
 {
-	return bpf_jiffies64() >> cookie_slot_shift;
+	return clock_ns() >> COOKIE_SLOT_SHIFT;
 }
 
 static const __u16 msstab4[4] = {536, 1300, 1440, 1460};

@@ -43,10 +43,10 @@ const (
 	filterProgRampartTc       = "rampart_tc"
 	filterProgRampartTcCookie = "rampart_tc_cookie"
 	filterProgRampartXdp      = "rampart_xdp"
-	filterVarCookieSlotShift  = "cookie_slot_shift"
 	filterVarCookieWscale     = "cookie_wscale"
 	filterVarFloodKey         = "flood_key"
 	filterVarStaticRows       = "static_rows"
+	filterVarTickNs           = "tick_ns"
 )
 
 // loadFilter returns the embedded CollectionSpec for filter.
@@ -130,10 +130,10 @@ type filterMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type filterVariableSpecs struct {
-	CookieSlotShift *ebpf.VariableSpec `ebpf:"cookie_slot_shift"`
-	CookieWscale    *ebpf.VariableSpec `ebpf:"cookie_wscale"`
-	FloodKey        *ebpf.VariableSpec `ebpf:"flood_key"`
-	StaticRows      *ebpf.VariableSpec `ebpf:"static_rows"`
+	CookieWscale *ebpf.VariableSpec `ebpf:"cookie_wscale"`
+	FloodKey     *ebpf.VariableSpec `ebpf:"flood_key"`
+	StaticRows   *ebpf.VariableSpec `ebpf:"static_rows"`
+	TickNs       *ebpf.VariableSpec `ebpf:"tick_ns"`
 }
 
 // filterObjects contains all objects after they have been loaded into the kernel.
@@ -215,10 +215,10 @@ func (m *filterMaps) Close() error {
 //
 // It can be passed to loadFilterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type filterVariables struct {
-	CookieSlotShift *ebpf.Variable `ebpf:"cookie_slot_shift"`
-	CookieWscale    *ebpf.Variable `ebpf:"cookie_wscale"`
-	FloodKey        *ebpf.Variable `ebpf:"flood_key"`
-	StaticRows      *ebpf.Variable `ebpf:"static_rows"`
+	CookieWscale *ebpf.Variable `ebpf:"cookie_wscale"`
+	FloodKey     *ebpf.Variable `ebpf:"flood_key"`
+	StaticRows   *ebpf.Variable `ebpf:"static_rows"`
+	TickNs       *ebpf.Variable `ebpf:"tick_ns"`
 }
 
 // filterPrograms contains all programs after they have been loaded into the kernel.

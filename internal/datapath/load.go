@@ -11,7 +11,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -88,24 +87,22 @@ func NewFloodKey() ([2]uint64, error) {
 	return key, nil
 }
 
-// cookieSlotShift is the SYN cookies' time slot (bpf/syncookie.h), a
-// shift of jiffies to about a minute: log2 of 64 s in the kernel's ticks,
-// whose length is the coarse clock's resolution. 16 at 1000 Hz, 14 at 250
-// (65.5 s each), 13 at 100 (81.9 s).
-func cookieSlotShift() (uint8, error) {
+// kernelTick is the kernel's tick in ns, the coarse clock's resolution:
+// the programs' clock is jiffies times it (bpf/flood.h's clock_ns).
+func kernelTick() (uint64, error) {
 	var res unix.Timespec
 	if err := unix.ClockGetres(unix.CLOCK_MONOTONIC_COARSE, &res); err != nil {
 		return 0, fmt.Errorf("read the kernel's tick (the coarse clock's resolution): %w", err)
 	}
-	return slotShift(res.Nano())
+	return checkTick(res.Nano())
 }
 
-// slotShift is cookieSlotShift for a tick of that many ns.
-func slotShift(tick int64) (uint8, error) {
-	if tick <= 0 || tick > 1e9 {
-		return 0, fmt.Errorf("the kernel's tick (the coarse clock's resolution) is %d ns: not a tick of 1-1000 Hz", tick)
+// checkTick refuses a tick no kernel has: one of 1 to 1000 Hz.
+func checkTick(ns int64) (uint64, error) {
+	if ns < 1e6 || ns > 1e9 {
+		return 0, fmt.Errorf("the kernel's tick (the coarse clock's resolution) is %d ns: not a tick of 1-1000 Hz", ns)
 	}
-	return uint8(math.Round(math.Log2(64e9 / float64(tick)))), nil
+	return uint64(ns), nil
 }
 
 // LoadKeyed is Load under a given flood key: a re-apply keeps the last
@@ -128,12 +125,12 @@ func LoadKeyed(img *compile.Image, key [2]uint64) (*Objects, error) {
 	if err := spec.Variables["static_rows"].Set(rows); err != nil {
 		return nil, fmt.Errorf("set the rows' check: %w", err)
 	}
-	shift, err := cookieSlotShift()
+	tick, err := kernelTick()
 	if err != nil {
 		return nil, err
 	}
-	if err := spec.Variables["cookie_slot_shift"].Set(shift); err != nil {
-		return nil, fmt.Errorf("set the SYN cookies' time slot: %w", err)
+	if err := spec.Variables["tick_ns"].Set(tick); err != nil {
+		return nil, fmt.Errorf("set the clock's tick: %w", err)
 	}
 	// The generation's maps come first: each outer map takes its
 	// generation's map as the template of the maps it holds (outerMap).
