@@ -19,8 +19,8 @@ volatile const __u64 flood_key[2] = {0, 0};
  * another start, which is all limits and cookies ask of a clock (their
  * state is a program's own). The verifier inlines bpf_jiffies64 into one
  * load on 64-bit JITs, where bpf_ktime_get_coarse_ns costs a call and a
- * return: 5% of the receiving core under lab flood's SYN flood, and 10-13
- * of a limited packet's 74-78 ns in bench rules. */
+ * return: 5% of the receiving core under lab flood's SYN flood, and about
+ * 15 of a limited packet's 74-78 ns in bench rules. */
 volatile const __u64 tick_ns = 4000000;
 
 static __always_inline __u64 clock_ns(void)
