@@ -547,7 +547,7 @@ int rampart_tc_cookie(struct __sk_buff *skb)
 	__u32 gen = live_gen();
 	const struct config *c = gen_config(gen);
 	struct pkt p = {};
-	if (!c || parse_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
+	if (!c || parse_frame_skb(skb, &p, 1) != PARSE_OK || p.proto != IPPROTO_TCP || is_syn(&p))
 		return TCX_NEXT;
 	__u64 hit = classify(&p, gen, c);
 	if (hit_action(hit) != ACTION_SYNCOOKIE)
