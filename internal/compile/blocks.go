@@ -141,12 +141,15 @@ func scatter[S any](items []S, n int, pos []uint32) []S {
 	return table
 }
 
-// inPieces runs do over pieces of [0, n) at once, one per CPU and of
-// 65,536 elements at least: for loops over a big table's keys whose
-// iterations touch nothing in common.
+// inPieces runs do over pieces of [0, n) at once (keyPieces): for loops
+// over a big table's keys whose iterations touch nothing in common.
 func inPieces(n int, do func(lo, hi int)) {
-	policy.InPieces(n, max(1, min(runtime.GOMAXPROCS(0), n/(1<<16))), func(_, lo, hi int) { do(lo, hi) })
+	policy.InPieces(n, keyPieces(n), func(_, lo, hi int) { do(lo, hi) })
 }
+
+// keyPieces is how many pieces n keys are split into: one per CPU, and
+// none of fewer than 65,536.
+func keyPieces(n int) int { return max(1, min(runtime.GOMAXPROCS(0), n/(1<<16))) }
 
 // permute moves a[i] to a[pos[i]] for the first n elements, in place: the
 // slots no element moves to end up zero (free). It follows the
@@ -332,7 +335,7 @@ type pageKey struct{ digest, key uint32 }
 func byPage(keys []uint32, mul [2]uint64, n uint32, local bool) (sorted []pageKey, start []uint32) {
 	page := func(k uint32) uint32 { return bucketPair(k, mul, n, local)[0] / abi.PageBuckets }
 	pages := int(n / abi.PageBuckets)
-	pieces := max(1, min(runtime.GOMAXPROCS(0), len(keys)/(1<<16)))
+	pieces := keyPieces(len(keys))
 	next := make([][]uint32, pieces) // piece -> page -> its keys' next place
 	policy.InPieces(len(keys), pieces, func(p, lo, hi int) {
 		count := make([]uint32, pages)

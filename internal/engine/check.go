@@ -39,10 +39,11 @@ type ListReport struct {
 // Check compiles a policy as Apply would and refuses what Apply would refuse
 // before touching the host (tables over the memory there is or over
 // maxTableBytes, the operator's cap as in Options), without changing
-// anything on the host. It reports the lists first and then frees their ranges as it
-// compiles (compile.BuildReleasingRanges): its caller is done with them.
+// anything on the host. It reports the lists first, then frees their
+// ranges as it compiles (compile.BuildReleasingRanges): its caller is
+// done with them.
 func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
-	var lists []ListReport
+	lists := []ListReport{}
 	entries, skipped := 0, 0
 	for _, name := range pol.ListNames() {
 		l := pol.Lists[name]
@@ -66,9 +67,6 @@ func Check(pol *policy.Policy, maxTableBytes uint64) (*CheckReport, error) {
 	r := &CheckReport{Rules: len(pol.Rules), V4SplitBlocks: t.V4DenseBlocks() + len(t.V4Tbl8s), V6Prefixes: t.V6Prefixes(),
 		TableBytes: img.KernelBytes(), Default: pol.Default.String(), Unparsed: pol.Unparsed.String(), PolicyHash: img.Hash(),
 		Warnings: pol.Warnings, Lists: lists, Entries: entries, SkippedLines: skipped}
-	if r.Lists == nil {
-		r.Lists = []ListReport{}
-	}
 	bits := map[uint64]bool{}
 	for _, b := range img.Lists {
 		if b != 0 {
