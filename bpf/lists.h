@@ -348,13 +348,21 @@ static __always_inline __u32 address_class(const struct config *c, __u32 gen, __
 	return family == 4 ? v4_class(&c->lists, gen, addr) : v6_class(&c->lists, gen, addr);
 }
 
+/* The lengths generation gen's overlay holds for a family, or NULL when
+ * it holds none. */
+static __always_inline struct overlay_lengths *overlay_lengths_of(__u32 gen, __u8 family)
+{
+	__u32 fi = family == 4 ? 0 : 1;
+	struct overlay_lengths *lens = gen_lookup(&overlay_lengths, gen, &fi);
+	return lens && (lens->bits[0] | lens->bits[1] | lens->bits[2]) ? lens : 0;
+}
+
 /* Applies generation gen's overlay for addr to *mask, the lists of the
  * address's class. Returns whether the overlay changed them. */
 static __always_inline int overlay_mask(__u32 gen, __u8 family, const __u8 *addr, __u64 *mask)
 {
-	__u32 fi = family == 4 ? 0 : 1;
-	struct overlay_lengths *lens = gen_lookup(&overlay_lengths, gen, &fi);
-	if (!lens || !(lens->bits[0] | lens->bits[1] | lens->bits[2]))
+	struct overlay_lengths *lens = overlay_lengths_of(gen, family);
+	if (!lens)
 		return 0;
 	struct overlay_probe pr = {.lens = {lens->bits[0], lens->bits[1], lens->bits[2]}, .v6 = family != 4, .gen = gen};
 	if (family == 4) {
