@@ -281,16 +281,33 @@ static long v6_step(__u32 i, void *arg)
 	return v6_next_length(arg);
 }
 
-static __always_inline __u32 v6_class(const struct list_params *lp, __u32 gen, const __u8 *addr)
+/* An address's two halves in host order. */
+static __always_inline void v6_halves(const __u8 *addr, __u64 *hi, __u64 *lo)
 {
-	__u64 hi, lo;
-	__builtin_memcpy(&hi, addr, 8);
-	__builtin_memcpy(&lo, addr + 8, 8);
-	hi = bpf_be64_to_cpu(hi);
-	lo = bpf_be64_to_cpu(lo);
-	long hot = lp->v6_hot_len ? v6_probe(lp, gen, hi, lo, lp->v6_hot_len) : -1;
+	__builtin_memcpy(hi, addr, 8);
+	__builtin_memcpy(lo, addr + 8, 8);
+	*hi = bpf_be64_to_cpu(*hi);
+	*lo = bpf_be64_to_cpu(*lo);
+}
+
+/* The probe of the hot length, made before the block's read, which it does
+ * not wait on. */
+static __always_inline long v6_hot(const struct list_params *lp, __u32 gen, __u64 hi, __u64 lo)
+{
+	return lp->v6_hot_len ? v6_probe(lp, gen, hi, lo, lp->v6_hot_len) : -1;
+}
+
+/* The block of hi's /24, or NULL. */
+static __always_inline struct v6_block *v6_block_of(const struct list_params *lp, __u32 gen, __u64 hi)
+{
 	__u32 key = (hi >> 40) + 1;
-	struct v6_block *n = CUCKOO_FIND(v6_blocks, gen, lp->v6_buckets, lp->v6_block_mul, ANYWHERE, key, s_->key == key);
+	return CUCKOO_FIND(v6_blocks, gen, lp->v6_buckets, lp->v6_block_mul, ANYWHERE, key, s_->key == key);
+}
+
+/* The class of hi:lo, given hot, its hot length's probe. */
+static __always_inline __u32 v6_class_walk(const struct list_params *lp, __u32 gen, __u64 hi, __u64 lo, long hot)
+{
+	struct v6_block *n = v6_block_of(lp, gen, hi);
 	if (!n)
 		return 0;
 	if (!(n->short_lens | n->long_lens))
@@ -300,6 +317,30 @@ static __always_inline __u32 v6_class(const struct list_params *lp, __u32 gen, c
 	if (!v6_next_length(&w) && (w.short_lens | w.long_lens))
 		bpf_loop(64 + 40, v6_step, &w, 0);
 	return w.cls >= 0 ? w.cls : n->base;
+}
+
+static __always_inline __u32 v6_class(const struct list_params *lp, __u32 gen, const __u8 *addr)
+{
+	__u64 hi, lo;
+	v6_halves(addr, &hi, &lo);
+	return v6_class_walk(lp, gen, hi, lo, v6_hot(lp, gen, hi, lo));
+}
+
+/* The class of hi:lo when its block decides it without a walk (it holds no
+ * length, or only the hot one, whose probe is hot), else -1. */
+static __always_inline long v6_class_quick(const struct list_params *lp, __u32 gen, __u64 hi, long hot)
+{
+	struct v6_block *n = v6_block_of(lp, gen, hi);
+	if (!n)
+		return 0;
+	if (!(n->short_lens | n->long_lens))
+		return n->base;
+	__u32 len = lp->v6_hot_len;
+	__u64 short_bit = len >= V6_SHORT_MIN && len < V6_LONG_MIN ? 1ULL << ((len - V6_SHORT_MIN) & 63) : 0;
+	__u64 long_bit = len >= V6_LONG_MIN && len <= 128 ? 1ULL << ((len - V6_LONG_MIN) & 63) : 0;
+	if ((short_bit | long_bit) && n->short_lens == short_bit && n->long_lens == long_bit)
+		return hot >= 0 ? hot : n->base;
+	return -1;
 }
 
 /* The overlay's probe of an address: lengths left, longest first. */
