@@ -1,6 +1,7 @@
 package datapath_test
 
 import (
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"os"
@@ -18,7 +19,8 @@ import (
 )
 
 // bigPrefix draws a prefix of either family inside 10.0.0.0/8 or a /44, so
-// that lists overlap and nest.
+// that lists overlap and nest, or, three IPv6 draws in sixteen, a /128 or a /64
+// in one of 2a00::/12's /24s, most of which it then holds alone.
 func bigPrefix(rng *rand.Rand, v6 bool) netip.Prefix {
 	if !v6 {
 		a := policy.UintToV4(0x0a000000 | rng.Uint32()&0x00ffffff)
@@ -32,6 +34,15 @@ func bigPrefix(rng *rand.Rand, v6 bool) netip.Prefix {
 		return netip.PrefixFrom(a, bits).Masked()
 	}
 	var b [16]byte
+	if lone := rng.IntN(16); lone < 3 {
+		// A /24 of 2a00::/12 that holds a length or two alone: the
+		// data plane decides most such blocks without a walk.
+		b[0], b[1], b[2] = 0x2a, byte(rng.IntN(16)), byte(rng.IntN(256))
+		for i := 3; i < 16; i++ {
+			b[i] = byte(rng.IntN(4))
+		}
+		return netip.PrefixFrom(netip.AddrFrom16(b), []int{128, 128, 64}[lone]).Masked()
+	}
 	b[0], b[1], b[2], b[3], b[4], b[5] = 0x20, 0x01, 0x0d+byte(rng.IntN(3)), 0xb8, byte(rng.IntN(16)), byte(rng.IntN(256))
 	for i := 6; i < 16; i++ {
 		b[i] = byte(rng.IntN(4)) // few distinct values: prefixes collide and nest
@@ -173,7 +184,27 @@ func TestBigListsDifferential(t *testing.T) {
 		t.Fatalf("the lists do not exercise every table: %d inline entries, %d of pairs, %d bitmaps, %d tbl8s, IPv6 tables of %d and %d slots",
 			inline, pairs, img.V4DenseBlocks(), len(img.V4Tbl8s), len(img.V6Short), len(img.V6Long))
 	}
-	t.Logf("%d inline entries, %d of pairs, %d bitmaps, %d tbl8s", inline, pairs, img.V4DenseBlocks(), len(img.V4Tbl8s))
+	// IPv6 blocks the data plane decides inline (the hot length alone)
+	// and those it walks (another length alone, or several).
+	hotAlone, otherAlone, several := 0, 0, 0
+	for _, bucket := range img.V6Blocks {
+		for _, n := range bucket.Slot {
+			switch lens := bits.OnesCount64(n.ShortLens) + bits.OnesCount64(n.LongLens); {
+			case n.Key == 0 || lens == 0:
+			case lens > 1:
+				several++
+			case img.V6HotLen > 64 && n.LongLens == 1<<(img.V6HotLen-abi.V6LongMin), img.V6HotLen <= 64 && n.ShortLens == 1<<(img.V6HotLen-abi.V6ShortMin):
+				hotAlone++
+			default:
+				otherAlone++
+			}
+		}
+	}
+	if hotAlone == 0 || otherAlone == 0 || several == 0 {
+		t.Fatalf("the IPv6 blocks do not exercise every path: %d of the hot length (/%d) alone, %d of another alone, %d of several", hotAlone, img.V6HotLen, otherAlone, several)
+	}
+	t.Logf("%d inline entries, %d of pairs, %d bitmaps, %d tbl8s; IPv6 blocks: %d of the hot length (/%d) alone, %d of another alone, %d of several",
+		inline, pairs, img.V4DenseBlocks(), len(img.V4Tbl8s), hotAlone, img.V6HotLen, otherAlone, several)
 	objs, err := datapath.Load(img)
 	if err != nil {
 		t.Fatal(err)
