@@ -373,10 +373,9 @@ static __always_inline void overlay_address(struct address *out, __u32 gen, __u8
  * and the overlay's probe, are global functions: the verifier checks each
  * once per program, not once per address, and their frames are not the
  * caller's, within the 512 bytes of stack Linux 6.1 allows a chain of
- * calls, each frame rounded up to 32. The deepest is rampart_tc,
- * cookie_ack and an option callback: 192 + 288 + 32 = 512, none to spare
- * (main, one of these, a callback: 448; main, write_synack, a callback:
- * 480). */
+ * calls, each frame rounded up to 32. The deepest come to 480: an entry
+ * point, write_synack or cookie_ack, and an option callback (192 + 256 +
+ * 32); main, one of these and a callback come to 448. */
 
 /* Looks up p's IPv6 source (dst 0) or destination in generation gen,
  * walking the lengths of its /24's block; hot is its hot length's probe. */

@@ -293,10 +293,13 @@ struct sock {
 };
 
 /* Room off the stack, which the parser, the matcher and the option walk
- * fill: the reply being built, and the ACK check's socket tuple and
- * request attributes. */
+ * fill: the reply being built, and the ACK check's TCP header, socket
+ * tuple and request attributes (on the stack, the header took the chain
+ * of rampart_tc, cookie_ack and its option callback past the 512 bytes
+ * Linux 6.1 allows). */
 struct cookie_scratch {
 	struct synack reply;
+	struct tcp_head ack;
 	struct bpf_sock_tuple tuple;
 	struct bpf_tcp_req_attrs attrs;
 };
@@ -521,15 +524,14 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 {
 	if (!bpf_sk_assign_tcp_reqsk)
 		return 1;
-	struct tcp_head hd;
-	struct opt_walk w = {};
-	if (read_tcp(skb, p, &hd, &w, 1) < 0)
-		return 1;
-	const struct tcp_head *s = &hd;
 	__u32 zero = 0;
 	struct cookie_scratch *sc = bpf_map_lookup_elem(&cookie_scratch, &zero);
 	if (!sc)
 		return 1;
+	struct opt_walk w = {};
+	if (read_tcp(skb, p, &sc->ack, &w, 1) < 0)
+		return 1;
+	const struct tcp_head *s = &sc->ack;
 	struct bpf_sock_tuple *t = &sc->tuple;
 	__builtin_memset(t, 0, sizeof(*t));
 	__u32 tlen;
@@ -556,14 +558,14 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 	if (!tp)
 		goto out;
 	tcp_parse_opts(&w);
-	const struct tcp_opts o = w.o;
+	const struct tcp_opts *o = &w.o;
 	__u32 cookie = bpf_ntohl(s->ack_seq) - 1, isn = bpf_ntohl(s->seq) - 1;
 	__u64 slot = cookie_slot();
 	int ok = 0;
 #pragma unroll
 	for (int k = 0; k < 2; k++) {
 		__u64 h = cookie_hash(p, p->sport, p->dport, isn, slot - k);
-		if ((cookie & COOKIE_HASH_MASK) == ((__u32)h & COOKIE_HASH_MASK) && (!o.ts || (o.tsecr & 0xff) == ((h >> 32) & 0xff)))
+		if ((cookie & COOKIE_HASH_MASK) == ((__u32)h & COOKIE_HASH_MASK) && (!o->ts || (o->tsecr & 0xff) == ((h >> 32) & 0xff)))
 			ok = 1;
 	}
 	pass = 0;
@@ -582,10 +584,10 @@ static __noinline int cookie_ack(struct __sk_buff *skb, const struct pkt *p, __u
 		a->snd_wscale = cookie & 0xf;
 		a->rcv_wscale = cookie_wscale;
 	}
-	if (o.ts) {
+	if (o->ts) {
 		a->tstamp_ok = 1;
-		a->rcv_tsval = o.tsval;
-		a->rcv_tsecr = o.tsecr;
+		a->rcv_tsval = o->tsval;
+		a->rcv_tsecr = o->tsecr;
 	}
 	if (bpf_sk_assign_tcp_reqsk(skb, (struct sock *)tp, a, sizeof(*a)) < 0) {
 		/* A listener the kernel will not hand a request socket: an
