@@ -418,14 +418,18 @@ static __always_inline void lookup_address(const struct pkt *p, int dst, struct 
 		__u64 hi, lo;
 		v6_halves(a, &hi, &lo);
 		long hot = v6_hot(&c->lists, gen, hi, lo);
-		cls = v6_class_quick(&c->lists, gen, hi, hot);
+		cls = v6_block_class(&c->lists, v6_block_of(&c->lists, gen, hi), hot);
 		if (cls < 0) {
+			/* It finds the block again, from the cache: its
+			 * arguments are five at most. */
 			address_lookup_v6(p, dst, out, gen, hot);
 			return;
 		}
 	}
 	__u32 k = cls;
 	class_address(out, gen_lookup(&class_eqs, gen, &k), dst);
+	/* overlay_mask reads the lengths again, one cached read on a path of
+	 * hash probes: cheaper than a map value through the call. */
 	if (overlay_lengths_of(gen, p->family))
 		address_overlay(p, dst, out, gen);
 }
@@ -447,7 +451,7 @@ __noinline __u64 classify(struct pkt *p, __u32 gen, const struct config *c, cons
 	m.tree = gen_map(&tree, gen);
 	m.field_eqs = gen_map(&field_eqs, gen);
 	m.rules = gen_map(&rules, gen);
-	if (!m.c || !m.tree || !m.field_eqs || !m.rules)
+	if (!m.tree || !m.field_eqs || !m.rules)
 		return 0;
 	for (__u32 t = 0; t < MAX_TREES; t++) {
 		if (t >= m.c->num_trees)

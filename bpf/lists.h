@@ -304,14 +304,31 @@ static __always_inline struct v6_block *v6_block_of(const struct list_params *lp
 	return CUCKOO_FIND(v6_blocks, gen, lp->v6_buckets, lp->v6_block_mul, ANYWHERE, key, s_->key == key);
 }
 
-/* The class of hi:lo, given hot, its hot length's probe. */
-static __always_inline __u32 v6_class_walk(const struct list_params *lp, __u32 gen, __u64 hi, __u64 lo, long hot)
+/* The class of an address in block n (NULL: none) when the block decides
+ * it without a walk: it holds no length, or only the hot one, whose probe
+ * is hot. Else -1. */
+static __always_inline long v6_block_class(const struct list_params *lp, const struct v6_block *n, long hot)
 {
-	struct v6_block *n = v6_block_of(lp, gen, hi);
 	if (!n)
 		return 0;
 	if (!(n->short_lens | n->long_lens))
 		return n->base;
+	__u32 len = lp->v6_hot_len;
+	__u64 short_bit = len >= V6_SHORT_MIN && len < V6_LONG_MIN ? 1ULL << ((len - V6_SHORT_MIN) & 63) : 0;
+	__u64 long_bit = len >= V6_LONG_MIN && len <= 128 ? 1ULL << ((len - V6_LONG_MIN) & 63) : 0;
+	if ((short_bit | long_bit) && n->short_lens == short_bit && n->long_lens == long_bit)
+		return hot >= 0 ? hot : n->base;
+	return -1;
+}
+
+/* The class of hi:lo, given hot, its hot length's probe: the block's, or
+ * the walk's over the lengths it holds, longest first. */
+static __always_inline __u32 v6_class_walk(const struct list_params *lp, __u32 gen, __u64 hi, __u64 lo, long hot)
+{
+	struct v6_block *n = v6_block_of(lp, gen, hi);
+	long cls = v6_block_class(lp, n, hot);
+	if (cls >= 0 || !n)
+		return cls;
 	struct v6_walk w = {.hi = hi, .lo = lo, .short_lens = n->short_lens, .long_lens = n->long_lens, .cls = -1, .hot = hot, .gen = gen};
 	/* The common case, one length, without the loop's call. */
 	if (!v6_next_length(&w) && (w.short_lens | w.long_lens))
@@ -324,23 +341,6 @@ static __always_inline __u32 v6_class(const struct list_params *lp, __u32 gen, c
 	__u64 hi, lo;
 	v6_halves(addr, &hi, &lo);
 	return v6_class_walk(lp, gen, hi, lo, v6_hot(lp, gen, hi, lo));
-}
-
-/* The class of hi:lo when its block decides it without a walk (it holds no
- * length, or only the hot one, whose probe is hot), else -1. */
-static __always_inline long v6_class_quick(const struct list_params *lp, __u32 gen, __u64 hi, long hot)
-{
-	struct v6_block *n = v6_block_of(lp, gen, hi);
-	if (!n)
-		return 0;
-	if (!(n->short_lens | n->long_lens))
-		return n->base;
-	__u32 len = lp->v6_hot_len;
-	__u64 short_bit = len >= V6_SHORT_MIN && len < V6_LONG_MIN ? 1ULL << ((len - V6_SHORT_MIN) & 63) : 0;
-	__u64 long_bit = len >= V6_LONG_MIN && len <= 128 ? 1ULL << ((len - V6_LONG_MIN) & 63) : 0;
-	if ((short_bit | long_bit) && n->short_lens == short_bit && n->long_lens == long_bit)
-		return hot >= 0 ? hot : n->base;
-	return -1;
 }
 
 /* The overlay's probe of an address: lengths left, longest first. */
