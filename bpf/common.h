@@ -223,8 +223,16 @@ struct class_eqs {
 	__u64 mask; /* the class's lists (the classes table's entry), read with its eqs */
 	__u32 src;
 	__u32 dst;
-	__u32 set;    /* the class's set of static lists: its row, from 1 (0: none) */
-	__u32 pad[3]; /* 32 bytes: no element straddles a cache line */
+	__u32 set; /* the class's set of static lists: its row, from 1 (0: none) */
+	/* The first rule entry a source of the class can match, + 1: every
+	 * entry before it tests the source and excludes the class.
+	 * FIRST_NONE: every entry does; 0: not known, the trees decide. */
+	__u32 src_first;
+	__u32 pad[2]; /* 32 bytes: no element straddles a cache line */
+};
+
+enum src_first {
+	FIRST_NONE = 0xffffffffu,
 };
 
 /* Rate limits: the generic cell rate algorithm. A packet costs interval ns

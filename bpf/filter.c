@@ -166,24 +166,25 @@ __noinline int in_row(__u32 gen, __u32 i, __u32 b)
 }
 
 /* Whether side row meets address a's static lists. */
-static __always_inline int row_meets(const struct match_ctx *m, const struct address *a, __u16 row)
+static __always_inline int row_meets(const struct config *c, const struct address *a, __u16 row)
 {
-	const struct config *c = m->c;
 	return static_rows && row && a->set && in_row(c->gen, c->sets_base + (a->set - 1) * c->row_words + (row >> 5), row);
 }
 
-static __always_inline int rule_matches(const struct rule *r, struct match_ctx *m)
+/* Whether entry r matches frame p, its addresses src and dst as looked
+ * up under settings c. */
+static __always_inline int rule_matches(const struct rule *r, const struct pkt *p, const struct address *src,
+					const struct address *dst, const struct config *c)
 {
-	struct pkt *p = m->p;
 	__u32 f = r->match;
 
 	if ((f & MATCH_IPV4) && p->family != 4)
 		return NO_MATCH;
 	if ((f & MATCH_IPV6) && p->family != 6)
 		return NO_MATCH;
-	if ((f & MATCH_SRC) && !(m->src.mask & r->src_lists) && !row_meets(m, &m->src, r->src_row))
+	if ((f & MATCH_SRC) && !(src->mask & r->src_lists) && !row_meets(c, src, r->src_row))
 		return NO_MATCH;
-	if ((f & MATCH_DST) && !(m->dst.mask & r->dst_lists) && !row_meets(m, &m->dst, r->dst_row))
+	if ((f & MATCH_DST) && !(dst->mask & r->dst_lists) && !row_meets(c, dst, r->dst_row))
 		return NO_MATCH;
 	if ((f & MATCH_SRC_BITS) && !bits_match(p->saddr, r->src_mask, r->src_bits))
 		return NO_MATCH;
@@ -306,7 +307,7 @@ static __always_inline long scan_entry(struct match_ctx *m, __u32 i)
 	struct rule *r = bpf_map_lookup_elem(m->rules, &entry);
 	if (!r)
 		return 1;
-	int res = rule_matches(r, m);
+	int res = rule_matches(r, m->p, &m->src, &m->dst, m->c);
 	if (res == MATCH) {
 		m->first = entry;
 		m->hit = r->rule | (__u32)r->action << HIT_ACTION_SHIFT;
@@ -348,25 +349,29 @@ static long walk_rest(__u32 i, void *arg)
 }
 
 /* An address's lists, eq and static lists as its class has them: ce is
- * the class's eqs, which carry its lists (one read). */
-static __always_inline void class_address(struct address *out, const struct class_eqs *ce, int dst)
+ * the class's eqs, which carry its lists (one read). Returns, for a source,
+ * the class's src_first (0 for a destination: not known). */
+static __always_inline __u32 class_address(struct address *out, const struct class_eqs *ce, int dst)
 {
 	out->mask = ce ? ce->mask : 0;
 	out->eq = ce ? (dst ? ce->dst : ce->src) : EQ_ANY;
 	out->set = static_rows && ce ? ce->set : 0;
+	return ce && !dst ? ce->src_first : 0;
 }
 
 /* Applies generation gen's overlay to an address of a class: the lists it
  * changes, and their eqs. An address the overlay changed keeps its class's
- * static lists. */
-static __always_inline void overlay_address(struct address *out, __u32 gen, __u8 family, const __u8 *a, int dst)
+ * static lists. Returns the address's src_first: its class's (first) if
+ * the overlay left it, its new mask's if it changed it. */
+static __always_inline __u32 overlay_address(struct address *out, __u32 gen, __u8 family, const __u8 *a, int dst, __u32 first)
 {
 	__u64 mask = out->mask;
 	if (!overlay_mask(gen, family, a, &mask))
-		return;
+		return first;
 	struct class_eqs *e = gen_lookup(&mask_eqs, gen, &mask);
 	out->mask = mask;
 	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
+	return e && !dst ? e->src_first : 0;
 }
 
 /* The parts of an address lookup with loops of their own, the IPv6 walk
@@ -378,8 +383,9 @@ static __always_inline void overlay_address(struct address *out, __u32 gen, __u8
  * 32); main, one of these and a callback come to 448. */
 
 /* Looks up p's IPv6 source (dst 0) or destination in generation gen,
- * walking the lengths of its /24's block; hot is its hot length's probe. */
-__noinline int address_lookup_v6(const struct pkt *p, int dst, struct address *out, __u32 gen, long hot)
+ * walking the lengths of its /24's block; hot is its hot length's probe.
+ * Returns the address's src_first. */
+__noinline __u32 address_lookup_v6(const struct pkt *p, int dst, struct address *out, __u32 gen, long hot)
 {
 	const struct config *c = gen_config(gen);
 	if (!p || !out || !c)
@@ -388,19 +394,18 @@ __noinline int address_lookup_v6(const struct pkt *p, int dst, struct address *o
 	__u64 hi, lo;
 	v6_halves(a, &hi, &lo);
 	__u32 cls = v6_class_walk(&c->lists, gen, hi, lo, hot);
-	class_address(out, gen_lookup(&class_eqs, gen, &cls), dst);
-	overlay_address(out, gen, 6, a, dst);
-	return 0;
+	__u32 first = class_address(out, gen_lookup(&class_eqs, gen, &cls), dst);
+	return overlay_address(out, gen, 6, a, dst, first);
 }
 
 /* Applies generation gen's overlay to p's source (dst 0) or destination,
- * looked up as its class has it. */
-__noinline int address_overlay(const struct pkt *p, int dst, struct address *out, __u32 gen)
+ * looked up as its class has it, with src_first first. Returns the
+ * address's src_first. */
+__noinline __u32 address_overlay(const struct pkt *p, int dst, struct address *out, __u32 gen, __u32 first)
 {
 	if (!p || !out)
 		return 0;
-	overlay_address(out, gen, p->family, dst ? p->daddr : p->saddr, dst);
-	return 0;
+	return overlay_address(out, gen, p->family, dst ? p->daddr : p->saddr, dst, first);
 }
 
 /* Looks up p's source (dst 0) or destination in generation gen. The class
@@ -408,7 +413,7 @@ __noinline int address_overlay(const struct pkt *p, int dst, struct address *out
  * walk of its lengths: a call and return cost more than the lookup where
  * returns go through a thunk (BPF_PROG_TEST_RUN on AMD EPYC with Safe RET:
  * 11-14 ns an IPv4 frame, about 16 an IPv6 one). */
-static __always_inline void lookup_address(const struct pkt *p, int dst, struct address *out, const struct config *c, __u32 gen)
+static __always_inline __u32 lookup_address(const struct pkt *p, int dst, struct address *out, const struct config *c, __u32 gen)
 {
 	const __u8 *a = dst ? p->daddr : p->saddr;
 	long cls;
@@ -422,16 +427,16 @@ static __always_inline void lookup_address(const struct pkt *p, int dst, struct 
 		if (cls < 0) {
 			/* It finds the block again, from the cache: its
 			 * arguments are five at most. */
-			address_lookup_v6(p, dst, out, gen, hot);
-			return;
+			return address_lookup_v6(p, dst, out, gen, hot);
 		}
 	}
 	__u32 k = cls;
-	class_address(out, gen_lookup(&class_eqs, gen, &k), dst);
+	__u32 first = class_address(out, gen_lookup(&class_eqs, gen, &k), dst);
 	/* overlay_mask reads the lengths again, one cached read on a path of
 	 * hash probes: cheaper than a map value through the call. */
 	if (overlay_lengths_of(gen, p->family))
-		address_overlay(p, dst, out, gen);
+		first = address_overlay(p, dst, out, gen, first);
+	return first;
 }
 
 /* The first rule entry a parsed frame matches, as a HIT_ word, its
@@ -471,13 +476,37 @@ __noinline __u64 classify(struct pkt *p, __u32 gen, const struct config *c, cons
 	return maybe << HIT_MAYBE_SHIFT | (m.first == NO_ENTRY ? 0 : HIT_FOUND | m.hit);
 }
 
+/* The hit word of entry e if it matches p whole, its source src; 0 if
+ * not, or if e needs the destination's lists, not looked up yet. */
+static __always_inline __u64 entry_hit(const struct pkt *p, __u32 gen, const struct config *c, const struct address *src, __u32 e)
+{
+	struct rule *r = gen_lookup(&rules, gen, &e);
+	if (!r || (r->match & MATCH_DST))
+		return 0;
+	/* src stands in for the destination, which e does not read. */
+	if (rule_matches(r, p, src, src, c) != MATCH)
+		return 0;
+	return HIT_FOUND | r->rule | (__u32)r->action << HIT_ACTION_SHIFT;
+}
+
 /* The first rule entry p matches: its addresses looked up in the caller's
- * frame, then classify. */
+ * frame, then classify. The source's class names the first entry it can
+ * match (src_first): when that is none, or it matches the frame whole, it
+ * is the answer, and the destination's lookup, the call and the walk are
+ * saved (a list of sources the first rule drops, say). An entry whose
+ * source excludes the frame cannot match it whatever its other fields,
+ * and is never one that might have (classify's maybe bits). */
 static __always_inline __u64 classify_frame(struct pkt *p, __u32 gen, const struct config *c)
 {
 	struct address src = {.eq = EQ_ANY}, dst = {.eq = EQ_ANY};
-	if (c->need_src)
-		lookup_address(p, 0, &src, c, gen);
+	if (c->need_src) {
+		__u32 first = lookup_address(p, 0, &src, c, gen);
+		if (first == FIRST_NONE)
+			return 0;
+		__u64 hit = first ? entry_hit(p, gen, c, &src, first - 1) : 0;
+		if (hit)
+			return hit;
+	}
 	if (c->need_dst)
 		lookup_address(p, 1, &dst, c, gen);
 	return classify(p, gen, c, &src, &dst);
@@ -583,6 +612,7 @@ struct abi_enums {
 	enum rule_event rule_event;
 	enum field field;
 	enum field_base field_base;
+	enum src_first src_first;
 };
 
 __attribute__((noinline)) int abi_enums(struct abi_enums *e)

@@ -195,12 +195,13 @@ type RuleEvents struct {
 
 // ClassEqs is struct class_eqs.
 type ClassEqs struct {
-	_    structs.HostLayout
-	Mask uint64
-	Src  uint32
-	Dst  uint32
-	Set  uint32
-	Pad  [3]uint32
+	_        structs.HostLayout
+	Mask     uint64
+	Src      uint32
+	Dst      uint32
+	Set      uint32
+	SrcFirst uint32
+	Pad      [2]uint32
 }
 
 // Live is struct live.
@@ -392,4 +393,9 @@ const (
 	BaseFlags   = 131333
 	BaseLength  = 131591
 	FieldValues = 197128
+)
+
+// enum src_first
+const (
+	FirstNone = 4294967295
 )

@@ -470,6 +470,10 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 		})
 	}
 	wg.Wait()
+	first := srcFirst(&fs[abi.FieldSrc], len(entries))
+	for v := range c.ClassEqs {
+		c.ClassEqs[v].SrcFirst = first[c.ClassEqs[v].Src]
+	}
 
 	b := treeBuilder{entries: entries, fields: &fs, memo: make(map[string]uint32, len(entries)), leafChecks: leafChecks(entries, srcPx, dstPx)}
 	for f := range fs {
@@ -493,6 +497,37 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 		}
 	}
 	return c
+}
+
+// srcFirst is, by source eq, the first of n entries a source of the eq can
+// match, + 1 (abi.ClassEqs' SrcFirst): the first entry not testing the
+// source, or testing it and matching the eq, whichever comes first;
+// abi.FirstNone when there is neither. Every entry before it cannot match,
+// whatever the frame's other fields, as the trees take it.
+func srcFirst(src *field, n int) []uint32 {
+	free := n // the first entry not testing the source
+	first := make([]uint32, src.n)
+	for r := n - 1; r >= 0; r-- {
+		if src.cands[r] == nil {
+			free = r
+			continue
+		}
+		for _, c := range src.cands[r] {
+			if c.st == stMatch {
+				first[c.eq] = uint32(r) + 1
+			}
+		}
+	}
+	for eq := range first {
+		switch {
+		case first[eq] != 0 && int(first[eq]) <= free:
+		case free < n:
+			first[eq] = uint32(free) + 1
+		default:
+			first[eq] = abi.FirstNone
+		}
+	}
+	return first
 }
 
 // groups splits the entries by the address fields they test (tests), each
