@@ -269,7 +269,7 @@ func families(s string) ([]int, error) {
 
 func labDropCmd(g *globals) *cobra.Command {
 	var (
-		quick            bool
+		quick, unlisted  bool
 		layers           []string
 		family, out      string
 		src4, src6       string
@@ -277,7 +277,7 @@ func labDropCmd(g *globals) *cobra.Command {
 		repeats, sources int
 	)
 	c := &cobra.Command{
-		Use:   "drop [--quick] [--layers a,b,...] [--family 4|6|both] [--list-size N] [--out DIR]",
+		Use:   "drop [--quick] [--layers a,b,...] [--family 4|6|both] [--list-size N] [--unlisted] [--out DIR]",
 		Short: "How many packets per second each layer of the stack drops, rampart beside them",
 		Long: `drop floods a veth pair between two network namespaces of its own with an
 in-kernel generator (BPF_PROG_RUN in live-frames mode: random sources and
@@ -287,14 +287,18 @@ how fast the receiving CPU drops it: ` + strings.Join(drop.LayerNames(), ", ") +
 The list-based layers (ipset, nft-set, xdp-lpm, xdp-filter, rampart) drop
 by a list of the flood's own sources (--list-size, 1M by default), each
 loaded with the same list; their set-up time, list loaded, is reported.
-rampart applies a real policy. Each layer is set up fresh and torn down
+rampart applies a real policy. With --unlisted, rampart's list holds as many
+other sources, none of the flood's, and a rule after the list's drops the
+flood: what a frame the list does not hold costs, against the same floor
+(only rampart and xdp-floor run). Each layer is set up fresh and torn down
 after; the namespaces, links, pins, sets and rules go away also on Ctrl-C
 or failure.
 
 It writes drop.json, drop.csv, drop.png and drop.svg (log-scale bar chart)
 to --out and prints a table with the study's numbers beside the run's.`,
 		Example: `  rampart lab drop --quick
-  rampart lab drop --layers iptables-raw,xdp-native,rampart --family 4 --out /tmp/lab`,
+  rampart lab drop --layers iptables-raw,xdp-native,rampart --family 4 --out /tmp/lab
+  rampart lab drop --layers rampart --unlisted`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts := drop.Full
@@ -311,7 +315,7 @@ to --out and prints a table with the study's numbers beside the run's.`,
 			if f.Changed("repeats") {
 				opts.Repeats = repeats
 			}
-			opts.Layers, opts.Sources = layers, sources
+			opts.Layers, opts.Sources, opts.Unlisted = layers, sources, unlisted
 			var err error
 			if opts.Families, err = families(family); err != nil {
 				return err
@@ -344,6 +348,7 @@ to --out and prints a table with the study's numbers beside the run's.`,
 	fl.MarkDeprecated("sources", "use --list-size")
 	fl.StringVar(&src4, "src4", lab.DefaultSrc4.String(), "range the IPv4 flood's sources are drawn from")
 	fl.StringVar(&src6, "src6", lab.DefaultSrc6.String(), "range the IPv6 flood's sources are drawn from (one /64 each)")
+	fl.BoolVar(&unlisted, "unlisted", false, "rampart's list holds as many other sources, none of the flood's (runs rampart and xdp-floor only)")
 	return c
 }
 

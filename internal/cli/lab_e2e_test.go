@@ -150,6 +150,42 @@ func TestLabDrop(t *testing.T) {
 	assertUnchanged(t, before)
 }
 
+// TestLabDropUnlisted runs rampart's row with a list that holds none of
+// the flood's sources: every frame passes the list's rule and the next
+// drops it (its counter is the row's), against the floor, both families;
+// and refuses a peer's layer, which would drop nothing.
+func TestLabDropUnlisted(t *testing.T) {
+	testutil.Privileged(t)
+	before := hostState(t)
+	var rep struct {
+		Environment map[string]any   `json:"environment"`
+		Results     []labResult      `json:"results"`
+		Checks      []map[string]any `json:"checks"`
+	}
+	jsonOf(t, &rep, "lab", "drop", "--quick", "--warmup", "300ms", "--window", "400ms", "--repeats", "1",
+		"--layers", "rampart", "--unlisted", "--family", "both", "--list-size", "100000", "--out", t.TempDir())
+	if len(rep.Results) != 4 || rep.Environment["unlisted"] != true {
+		t.Fatalf("want rampart's and xdp-floor's rows for both families, unlisted: %+v %+v", rep.Results, rep.Environment)
+	}
+	for _, r := range rep.Results {
+		if r.Status != "ok" || r.Packets == 0 || r.MPPS == nil || *r.MPPS <= 0 {
+			t.Errorf("%s IPv%d: counters did not move: %+v (%s)", r.Layer, r.Family, r, r.Reason)
+		}
+	}
+	for _, fam := range []float64{4, 6} {
+		if !slices.ContainsFunc(rep.Checks, func(c map[string]any) bool {
+			return c["name"] == "rampart ns/packet / xdp-floor, unlisted sources" && c["family"] == fam
+		}) {
+			t.Errorf("no IPv%v rampart / xdp-floor check for unlisted sources: %+v", fam, rep.Checks)
+		}
+	}
+	if _, err := rampart(t, "lab", "drop", "--unlisted", "--layers", "ipset", "--out", t.TempDir()); err == nil ||
+		!strings.Contains(err.Error(), "--unlisted runs rampart and xdp-floor only") {
+		t.Errorf("--unlisted with ipset: %v", err)
+	}
+	assertUnchanged(t, before)
+}
+
 // TestLabDropListPeers runs the list-based layers with one list: every
 // peer's row and the floor's for both families (xdp-filter's IPv6 row
 // skipped, saying why), their set-up times and counters, the comparisons

@@ -43,6 +43,9 @@ func renderDrop(w io.Writer, r *drop.Report) {
 		e.Kernel, onOff(e.JIT), e.CPUModel, e.CPUs, e.GeneratorCPU, e.BatchSize, e.ReceiveCPU, e.AppCPU)
 	fmt.Fprintf(w, "%d windows of %s after %s of warm-up; flood from %d sources in %s and %s, the list-based layers' list; %s\n",
 		e.Repeats, e.Window, e.Warmup, e.Sources, e.Src4, e.Src6, e.Iptables)
+	if e.Unlisted {
+		fmt.Fprintln(w, "unlisted: the list held as many other sources, none of the flood's; rampart dropped the flood by the rule after the list's")
+	}
 	if e.Emulated {
 		fmt.Fprintf(w, "EMULATED: %s is a QEMU CPU model; these rates show each layer works, they are no performance figures\n", e.CPUModel)
 	}

@@ -28,14 +28,18 @@ const runChunk = 1 << 20
 // Count addresses (IPv6: /64s) spread over a range; the generator computes
 // source i as base | ((i * mult) & mask) in the varying 32-bit word, which
 // an odd mult makes a bijection, and a study's blocklist lists exactly
-// these sources.
+// these sources (or, Unlisted, as many others).
 type Traffic struct {
 	Family           int
 	Count            uint32
 	base, mask, mult uint32
 	hi               [4]byte // IPv6: the fixed first 32 bits
-	Proto            uint8   // UDP, or TCP for a SYN flood
-	Port             uint16  // destination port
+	// ListFrom is the list's first source: the list holds sources
+	// ListFrom to ListFrom+Count-1 of the same spread. 0: the flood's own;
+	// Count: as many others, none of them the flood's (Unlisted).
+	ListFrom uint32
+	Proto    uint8  // UDP, or TCP for a SYN flood
+	Port     uint16 // destination port
 	// FloorBytes sizes lab_xdp_floor's array: what rampart's tables take
 	// for the sources as a list (TableBytes). 0 gives it one word.
 	FloorBytes uint64
@@ -83,11 +87,22 @@ func (f *Traffic) Source(i uint32) netip.Prefix {
 	return netip.PrefixFrom(netip.AddrFrom16(a), 64)
 }
 
+// Unlisted makes the list Count sources of the same spread that the flood
+// never sends from: the flood is then of unlisted sources, at the same
+// list size. The range must hold twice Count.
+func (f *Traffic) Unlisted() error {
+	if uint64(f.Count)*2 > uint64(f.mask)+1 {
+		return fmt.Errorf("the source range holds fewer than %d sources, the flood's and as many unlisted: give a wider range", uint64(f.Count)*2)
+	}
+	f.ListFrom = f.Count
+	return nil
+}
+
 // Prefixes lists the sources as the list files hold them.
 func (f *Traffic) Prefixes() []netip.Prefix {
 	out := make([]netip.Prefix, f.Count)
 	for i := range out {
-		out[i] = f.Source(uint32(i))
+		out[i] = f.Source(f.ListFrom + uint32(i))
 	}
 	return out
 }
@@ -98,7 +113,7 @@ func (f *Traffic) WriteList(dir string) (string, error) {
 	path := filepath.Join(dir, fmt.Sprintf("flood-v%d.txt", f.Family))
 	b := make([]byte, 0, int(f.Count)*24)
 	for i := range f.Count {
-		b = f.Source(i).AppendTo(b)
+		b = f.Source(f.ListFrom + i).AppendTo(b)
 		b = append(b, '\n')
 	}
 	return path, os.WriteFile(path, b, 0o644)

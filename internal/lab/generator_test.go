@@ -42,6 +42,44 @@ func TestTrafficSources(t *testing.T) {
 	}
 }
 
+// TestUnlistedList: an unlisted run's list is as long as the flood's
+// sources and holds none of them; the range must hold both.
+func TestUnlistedList(t *testing.T) {
+	for _, tc := range []struct {
+		family int
+		src    string
+		n      int
+	}{{4, "192.0.2.0/24", 128}, {4, "10.0.0.0/8", 100000}, {6, "2001:db8:ab00::/40", 1 << 15}} {
+		f, err := NewTraffic(tc.family, netip.MustParsePrefix(tc.src), tc.n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Unlisted(); err != nil {
+			t.Fatal(err)
+		}
+		flood := map[netip.Prefix]bool{}
+		for i := range uint32(tc.n) {
+			flood[f.Source(i)] = true
+		}
+		list := f.Prefixes()
+		if len(list) != tc.n {
+			t.Fatalf("%s: a list of %d, want %d", tc.src, len(list), tc.n)
+		}
+		for _, p := range list {
+			if flood[p] || !netip.MustParsePrefix(tc.src).Contains(p.Addr()) {
+				t.Fatalf("%s: listed %s is a flood source, or outside the range", tc.src, p)
+			}
+		}
+	}
+	f, err := NewTraffic(4, netip.MustParsePrefix("192.0.2.0/24"), 129)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Unlisted(); err == nil {
+		t.Error("129 sources and as many unlisted in a /24 accepted")
+	}
+}
+
 // TestGeneratorFrames runs the generator once per frame, outside live mode,
 // and checks what it would send: a source the blocklist lists, a random
 // port, and checksums that verify; a SYN flood's frames are SYNs to the

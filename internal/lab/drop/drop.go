@@ -29,6 +29,9 @@ type Options struct {
 	Sources  int    // flood sources per family, and so the size of the list-based layers' lists
 	Dir      string // where the list and policy files (and the rampart layer's state) go
 	Progress lab.Progress
+	// Unlisted: the list holds as many sources, none of them the flood's;
+	// only rampart's row and the floor run (the peers would drop nothing).
+	Unlisted bool
 }
 
 // Defaults for a full run and for --quick.
@@ -67,6 +70,11 @@ func (o *Options) Validate() error {
 	if o.Sources < 1 {
 		return errors.New("--list-size must be at least 1")
 	}
+	for _, name := range o.Layers {
+		if o.Unlisted && name != "rampart" && name != floorLayer {
+			return fmt.Errorf("--unlisted runs rampart and %s only: %s would drop none of the flood (use --layers rampart)", floorLayer, name)
+		}
+	}
 	for _, fam := range o.Families {
 		if _, err := o.traffic(fam); err != nil {
 			return err
@@ -76,9 +84,15 @@ func (o *Options) Validate() error {
 }
 
 // runs says whether the run has a layer's rows: the layers asked for, and
-// the floor whenever rampart's row runs, as its reference.
+// the floor whenever rampart's row runs, as its reference; with --unlisted,
+// those two alone.
 func (o *Options) runs(name string) bool {
-	asked := func(n string) bool { return len(o.Layers) == 0 || slices.Contains(o.Layers, n) }
+	asked := func(n string) bool {
+		if o.Unlisted && n != "rampart" && n != floorLayer {
+			return false
+		}
+		return len(o.Layers) == 0 || slices.Contains(o.Layers, n)
+	}
 	return asked(name) || name == floorLayer && asked("rampart")
 }
 
@@ -184,6 +198,9 @@ func (o *Options) traffic(family int) (*lab.Traffic, error) {
 		src = o.Src6
 	}
 	tr, err := lab.NewTraffic(family, src, o.Sources)
+	if err == nil && o.Unlisted {
+		err = tr.Unlisted()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--src%d: %w", family, err)
 	}
@@ -357,7 +374,7 @@ func environment(o Options, cpu lab.CPUPlan) Env {
 		GeneratorCPU: cpu.Gen, ReceiveCPU: cpu.Rx, AppCPU: cpu.App, BatchSize: lab.BatchSize,
 		Warmup: o.Warmup.String(), Window: o.Window.String(), Repeats: o.Repeats,
 		Sources: o.Sources, Src4: o.Src4.String(), Src6: o.Src6.String(),
-		Iptables: lab.IptablesFor(4),
+		Iptables: lab.IptablesFor(4), Unlisted: o.Unlisted,
 	}
 	if b, err := os.ReadFile("/proc/sys/net/core/bpf_jit_enable"); err == nil {
 		e.JIT = strings.TrimSpace(string(b)) != "0"

@@ -376,6 +376,17 @@ rules:
 default: pass
 `
 
+// With --unlisted, the list holds none of the flood's sources: every
+// frame is looked up, passes the list's rule, and is dropped by the next.
+const rampartPolicyUnlisted = `# rampart lab drop --unlisted: a blocklist the flood's sources are not in.
+lists:
+  flood: {files: [%q]}
+rules:
+  - {name: drop-listed, src: flood, proto: udp, dport: %[2]d, action: drop}
+  - {name: drop-flood, proto: udp, dport: %[2]d, action: drop}
+default: pass
+`
+
 const rampartRule = "drop-flood"
 
 // setupRampart applies the real policy through the engine, as `rampart
@@ -383,7 +394,11 @@ const rampartRule = "drop-flood"
 // touched.
 func setupRampart(r *row) (*active, error) {
 	file := strings.TrimSuffix(r.list, ".txt") + ".yaml"
-	h, err := lab.ApplyRampart(r.dir, r.topo.RxNs, r.topo.RxIf, file, fmt.Sprintf(rampartPolicy, r.list, lab.DstPort), false)
+	text := rampartPolicy
+	if r.traffic.ListFrom != 0 {
+		text = rampartPolicyUnlisted
+	}
+	h, err := lab.ApplyRampart(r.dir, r.topo.RxNs, r.topo.RxIf, file, fmt.Sprintf(text, r.list, lab.DstPort), false)
 	if err != nil {
 		return nil, err
 	}

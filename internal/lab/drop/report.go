@@ -48,6 +48,8 @@ type Env struct {
 	Src4         string `json:"sources_v4"`
 	Src6         string `json:"sources_v6"`
 	Iptables     string `json:"iptables"`
+	// Unlisted: the list held none of the flood's sources (--unlisted).
+	Unlisted bool `json:"unlisted,omitempty"`
 	// Emulated: the CPU is a QEMU model, as in the kernel tier's guests:
 	// the rates prove the layers work, they are no performance figures.
 	Emulated bool `json:"emulated,omitempty"`
@@ -91,7 +93,11 @@ func (r *Report) finish() {
 		// rampart's row costs over it is the rest of its lookup and rules.
 		if floor := r.find(floorLayer, fam); rp != nil && floor != nil && floor.NsPerPacket > 0 {
 			v := rp.NsPerPacket / floor.NsPerPacket
-			r.Checks = append(r.Checks, lab.Check{Name: "rampart ns/packet / " + floorLayer, Family: fam, Value: v, Target: "<= 1.1", Met: v <= 1.1})
+			name := "rampart ns/packet / " + floorLayer
+			if r.Env.Unlisted {
+				name += ", unlisted sources"
+			}
+			r.Checks = append(r.Checks, lab.Check{Name: name, Family: fam, Value: v, Target: "<= 1.1", Met: v <= 1.1})
 		}
 		if native != nil && raw != nil {
 			v := native.MPPS / raw.MPPS
