@@ -228,10 +228,11 @@ struct class_eqs {
 	 * entry before it tests the source and excludes the class.
 	 * FIRST_NONE: every entry does; 0: not known, the trees decide. */
 	__u32 src_first;
-	__u32 pad[2]; /* 32 bytes: no element straddles a cache line */
+	__u32 dst_first; /* the same for a destination of the class */
+	__u32 pad;       /* 32 bytes: no element straddles a cache line */
 };
 
-enum src_first {
+enum side_first {
 	FIRST_NONE = 0xffffffffu,
 };
 

@@ -349,20 +349,20 @@ static long walk_rest(__u32 i, void *arg)
 }
 
 /* An address's lists, eq and static lists as its class has them: ce is
- * the class's eqs, which carry its lists (one read). Returns, for a source,
- * the class's src_first (0 for a destination: not known). */
+ * the class's eqs, which carry its lists (one read). Returns the class's
+ * first entry as that side (src_first or dst_first). */
 static __always_inline __u32 class_address(struct address *out, const struct class_eqs *ce, int dst)
 {
 	out->mask = ce ? ce->mask : 0;
 	out->eq = ce ? (dst ? ce->dst : ce->src) : EQ_ANY;
 	out->set = static_rows && ce ? ce->set : 0;
-	return ce && !dst ? ce->src_first : 0;
+	return ce ? (dst ? ce->dst_first : ce->src_first) : 0;
 }
 
 /* Applies generation gen's overlay to an address of a class: the lists it
  * changes, and their eqs. An address the overlay changed keeps its class's
- * static lists. Returns the address's src_first: its class's (first) if
- * the overlay left it, its new mask's if it changed it. */
+ * static lists. Returns the address's first entry: its class's (first)
+ * if the overlay left it, its new mask's if it changed it. */
 static __always_inline __u32 overlay_address(struct address *out, __u32 gen, __u8 family, const __u8 *a, int dst, __u32 first)
 {
 	__u64 mask = out->mask;
@@ -371,7 +371,7 @@ static __always_inline __u32 overlay_address(struct address *out, __u32 gen, __u
 	struct class_eqs *e = gen_lookup(&mask_eqs, gen, &mask);
 	out->mask = mask;
 	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
-	return e && !dst ? e->src_first : 0;
+	return e ? (dst ? e->dst_first : e->src_first) : 0;
 }
 
 /* The parts of an address lookup with loops of their own, the IPv6 walk
@@ -384,7 +384,7 @@ static __always_inline __u32 overlay_address(struct address *out, __u32 gen, __u
 
 /* Looks up p's IPv6 source (dst 0) or destination in generation gen,
  * walking the lengths of its /24's block; hot is its hot length's probe.
- * Returns the address's src_first. */
+ * Returns the address's first entry. */
 __noinline __u32 address_lookup_v6(const struct pkt *p, int dst, struct address *out, __u32 gen, long hot)
 {
 	const struct config *c = gen_config(gen);
@@ -399,8 +399,8 @@ __noinline __u32 address_lookup_v6(const struct pkt *p, int dst, struct address 
 }
 
 /* Applies generation gen's overlay to p's source (dst 0) or destination,
- * looked up as its class has it, with src_first first. Returns the
- * address's src_first. */
+ * looked up as its class has it, first its class's first entry. Returns
+ * the address's. */
 __noinline __u32 address_overlay(const struct pkt *p, int dst, struct address *out, __u32 gen, __u32 first)
 {
 	if (!p || !out)
@@ -409,8 +409,8 @@ __noinline __u32 address_overlay(const struct pkt *p, int dst, struct address *o
 }
 
 /* Looks up p's source (dst 0) or destination in generation gen, and
- * returns a source's src_first (0 for a destination). The class is looked
- * up inline, in the caller's frame, unless an IPv6 block needs a
+ * returns its first entry (struct class_eqs' src_first or dst_first). The
+ * class is looked up inline, in the caller's frame, unless an IPv6 block needs a
  * walk of its lengths: a call and return cost more than the lookup where
  * returns go through a thunk (BPF_PROG_TEST_RUN on AMD EPYC with Safe RET:
  * 11-14 ns an IPv4 frame, about 16 an IPv6 one). */
@@ -478,39 +478,50 @@ __noinline __u64 classify(struct pkt *p, __u32 gen, const struct config *c, cons
 	return maybe << HIT_MAYBE_SHIFT | (m.first == NO_ENTRY ? 0 : HIT_FOUND | m.hit);
 }
 
-/* The hit word of entry e if it matches p whole, its source src; 0 if
- * not, or if e needs the destination's lists, not looked up yet. */
-static __always_inline __u64 entry_hit(const struct pkt *p, __u32 gen, const struct config *c, const struct address *src, __u32 e)
+/* The hit word of entry e if it matches p whole, its addresses src and
+ * dst; 0 if not, or if e needs the destination's lists and dst is not
+ * looked up yet (dst_known 0). */
+static __always_inline __u64 entry_hit(const struct pkt *p, __u32 gen, const struct config *c, const struct address *src,
+				       const struct address *dst, int dst_known, __u32 e)
 {
 	struct rule *r = gen_lookup(&rules, gen, &e);
-	if (!r || (r->match & MATCH_DST))
+	if (!r || (!dst_known && (r->match & MATCH_DST)))
 		return 0;
-	/* src stands in for the destination, which e does not read. */
-	if (rule_matches(r, p, src, src, c) != MATCH)
+	if (rule_matches(r, p, src, dst, c) != MATCH)
 		return 0;
 	return HIT_FOUND | r->rule | (__u32)r->action << HIT_ACTION_SHIFT;
 }
 
 /* The first rule entry p matches: its addresses looked up in the caller's
- * frame, then classify. The source's class names the first entry it can
- * match (src_first): when that is none, or it matches the frame whole, it
- * is the answer, and the destination's lookup, the call and the walk are
- * saved (a list of sources the first rule drops, say). An entry whose
- * source excludes the frame cannot match it whatever its other fields,
- * and is never one that might have (classify's maybe bits). */
+ * frame, then classify. Each address's class names the first entry it
+ * can match (struct class_eqs' src_first, dst_first): every entry before
+ * the later of the two is excluded by one side, whatever the frame's other
+ * fields, and is never one that might have matched (classify's maybe
+ * bits). When a side leaves none, or that entry matches the frame whole,
+ * it is the answer, and the call and the walk are saved: a frame from a
+ * list of sources the first rule drops, to a list of destinations an
+ * egress policy's first rule drops, from or to none of a policy's lists.
+ * The source's entry is tried before the destination is looked up. */
 static __always_inline __u64 classify_frame(struct pkt *p, __u32 gen, const struct config *c)
 {
 	struct address src = {.eq = EQ_ANY}, dst = {.eq = EQ_ANY};
+	__u32 first = 0;
 	if (c->need_src) {
-		__u32 first = lookup_address(p, 0, &src, c, gen);
+		first = lookup_address(p, 0, &src, c, gen);
 		if (first == FIRST_NONE)
 			return 0;
-		__u64 hit = first ? entry_hit(p, gen, c, &src, first - 1) : 0;
+		__u64 hit = first ? entry_hit(p, gen, c, &src, &dst, 0, first - 1) : 0;
 		if (hit)
 			return hit;
 	}
-	if (c->need_dst)
-		lookup_address(p, 1, &dst, c, gen);
+	if (c->need_dst) {
+		__u32 d = lookup_address(p, 1, &dst, c, gen);
+		if (d == FIRST_NONE)
+			return 0;
+		__u64 hit = d > first ? entry_hit(p, gen, c, &src, &dst, 1, d - 1) : 0;
+		if (hit)
+			return hit;
+	}
 	return classify(p, gen, c, &src, &dst);
 }
 
@@ -614,7 +625,7 @@ struct abi_enums {
 	enum rule_event rule_event;
 	enum field field;
 	enum field_base field_base;
-	enum src_first src_first;
+	enum side_first side_first;
 };
 
 __attribute__((noinline)) int abi_enums(struct abi_enums *e)

@@ -201,7 +201,8 @@ type ClassEqs struct {
 	Dst      uint32
 	Set      uint32
 	SrcFirst uint32
-	Pad      [2]uint32
+	DstFirst uint32
+	Pad      uint32
 }
 
 // Live is struct live.
@@ -395,7 +396,7 @@ const (
 	FieldValues = 197128
 )
 
-// enum src_first
+// enum side_first
 const (
 	FirstNone = 4294967295
 )

@@ -470,9 +470,10 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 		})
 	}
 	wg.Wait()
-	first := srcFirst(&fs[abi.FieldSrc], len(entries))
+	src, dst := sideFirst(&fs[abi.FieldSrc], len(entries)), sideFirst(&fs[abi.FieldDst], len(entries))
 	for v := range c.ClassEqs {
-		c.ClassEqs[v].SrcFirst = first[c.ClassEqs[v].Src]
+		e := &c.ClassEqs[v]
+		e.SrcFirst, e.DstFirst = src[e.Src], dst[e.Dst]
 	}
 
 	b := treeBuilder{entries: entries, fields: &fs, memo: make(map[string]uint32, len(entries)), leafChecks: leafChecks(entries, srcPx, dstPx)}
@@ -499,20 +500,21 @@ func Classify(entries []abi.Rule, classes []uint64, px *Prefixes, rows *Rows) Cl
 	return c
 }
 
-// srcFirst is, by source eq, the first of n entries a source of the eq can
-// match, + 1 (abi.ClassEqs' SrcFirst): the first entry not testing the
-// source, or testing it and matching the eq, whichever comes first;
-// abi.FirstNone when there is neither. Every entry before it cannot match,
-// whatever the frame's other fields, as the trees take it.
-func srcFirst(src *field, n int) []uint32 {
-	free := n // the first entry not testing the source
-	first := make([]uint32, src.n)
+// sideFirst is, by an address field's eq, the first of n entries an
+// address of the eq can match, + 1 (abi.ClassEqs' SrcFirst, DstFirst): the
+// first entry not testing the field, or testing it and matching the eq,
+// whichever comes first; abi.FirstNone when there is neither. Every entry
+// before it cannot match, whatever the frame's other fields, as the trees
+// take it.
+func sideFirst(side *field, n int) []uint32 {
+	free := n // the first entry not testing the field
+	first := make([]uint32, side.n)
 	for r := n - 1; r >= 0; r-- {
-		if src.cands[r] == nil {
+		if side.cands[r] == nil {
 			free = r
 			continue
 		}
-		for _, c := range src.cands[r] {
+		for _, c := range side.cands[r] {
 			if c.st == stMatch {
 				first[c.eq] = uint32(r) + 1
 			}

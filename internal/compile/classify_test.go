@@ -360,38 +360,53 @@ func TestInlinePrefixes(t *testing.T) {
 	t.Logf("%d classes; %d of 20,000 frames found their first rule, the deepest %d", len(img.Classes), checked, deepest)
 }
 
-// TestSrcFirst: a class's SrcFirst is the first entry its sources can
-// match, past those that test the source and exclude it, whatever they
-// test besides; FirstNone when every entry does.
-func TestSrcFirst(t *testing.T) {
+// TestSideFirst: a class's SrcFirst (DstFirst) is the first entry its
+// sources (destinations) can match, past those that test the side and
+// exclude it, whatever they test besides; FirstNone when every entry does.
+func TestSideFirst(t *testing.T) {
 	const a, b, c = 1, 2, 4 // list bits
 	classes := []uint64{0, a, b, a | b, c}
-	byList := func(lists uint64, more uint32) abi.Rule {
-		return abi.Rule{Match: abi.MatchSrc | more, SrcLists: lists, ProtoLo: 17, ProtoHi: 17, DportLo: 53, DportHi: 53}
-	}
 	tcp := abi.Rule{Match: abi.MatchProto, ProtoLo: 6, ProtoHi: 6}
-	for _, tc := range []struct {
-		name    string
-		entries []abi.Rule
-		want    []uint32 // by class
-	}{
-		{"an entry testing no source third", []abi.Rule{byList(a, abi.MatchProto|abi.MatchDport), byList(b, 0), tcp, byList(c, 0)},
-			[]uint32{3, 1, 2, 1, 3}},
-		{"every entry tests the source", []abi.Rule{byList(a, abi.MatchProto|abi.MatchDport), byList(b, 0), byList(c, 0)},
-			[]uint32{abi.FirstNone, 1, 2, 1, 3}},
-		{"the first tests no source", []abi.Rule{tcp, byList(a, 0)},
-			[]uint32{1, 1, 1, 1, 1}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			for i := range tc.entries {
-				tc.entries[i].Rule = uint32(i)
+	for _, dst := range []bool{false, true} {
+		byList := func(lists uint64, more uint32) abi.Rule {
+			r := abi.Rule{Match: abi.MatchSrc | more, SrcLists: lists, ProtoLo: 17, ProtoHi: 17, DportLo: 53, DportHi: 53}
+			if dst {
+				r.Match, r.SrcLists, r.DstLists = abi.MatchDst|more, 0, lists
 			}
-			cl := Classify(tc.entries, classes, nil, nil)
-			for v, want := range tc.want {
-				if got := cl.ClassEqs[v].SrcFirst; got != want {
-					t.Errorf("class %d (lists %b): SrcFirst %d, want %d", v, classes[v], got, want)
+			return r
+		}
+		for _, tc := range []struct {
+			name    string
+			entries []abi.Rule
+			want    []uint32 // by class
+		}{
+			{"an entry testing no address third", []abi.Rule{byList(a, abi.MatchProto|abi.MatchDport), byList(b, 0), tcp, byList(c, 0)},
+				[]uint32{3, 1, 2, 1, 3}},
+			{"every entry tests the side", []abi.Rule{byList(a, abi.MatchProto|abi.MatchDport), byList(b, 0), byList(c, 0)},
+				[]uint32{abi.FirstNone, 1, 2, 1, 3}},
+			{"the first tests no address", []abi.Rule{tcp, byList(a, 0)},
+				[]uint32{1, 1, 1, 1, 1}},
+		} {
+			t.Run(fmt.Sprintf("%s, dst %v", tc.name, dst), func(t *testing.T) {
+				for i := range tc.entries {
+					tc.entries[i].Rule = uint32(i)
 				}
-			}
-		})
+				cl := Classify(tc.entries, classes, nil, nil)
+				for v, want := range tc.want {
+					e := cl.ClassEqs[v]
+					got, other := e.SrcFirst, e.DstFirst
+					if dst {
+						got, other = other, got
+					}
+					if got != want {
+						t.Errorf("class %d (lists %b): first %d, want %d", v, classes[v], got, want)
+					}
+					// The other side is tested by no entry: every entry is its.
+					if other != 1 {
+						t.Errorf("class %d: the untested side's first %d, want 1", v, other)
+					}
+				}
+			})
+		}
 	}
 }

@@ -87,7 +87,9 @@ type bigLists struct {
 }
 
 // newBigLists builds a policy over three big lists: deny, allow (prefixes
-// nested inside deny, matched first) and a destination list.
+// nested inside deny, matched first) and a destination list; first, a rule
+// on both sides that names them the other way round, so that a class's
+// first entry differs by side and the data plane must not confuse them.
 func newBigLists(rng *rand.Rand, n int) *bigLists {
 	var deny, allow, dst []netip.Prefix
 	for i := 0; i < n; i++ {
@@ -105,6 +107,7 @@ func newBigLists(rng *rand.Rand, n int) *bigLists {
 	pol := &policy.Policy{
 		Lists: map[string]*policy.List{"deny": policy.NewList("deny", deny), "allow": policy.NewList("allow", allow), "dst": policy.NewList("dst", dst)},
 		Rules: []policy.Rule{
+			{Name: "crossed", Src: []string{"dst"}, Dst: []string{"allow"}, Action: policy.Pass},
 			{Name: "allow", Src: []string{"allow"}, Action: policy.Pass},
 			{Name: "deny", Src: []string{"deny"}, Action: policy.Drop},
 			{Name: "dst", Dst: []string{"dst"}, Proto: &udp, Action: policy.Drop},
