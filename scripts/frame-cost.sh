@@ -63,7 +63,7 @@ policy="$dir/policy.yaml" egress=()
 if [ $hook = egress ]; then
   # From 198.18.0.1 to 10.0.0.0 (listed) and 11.0.0.1.
   frame v4-listed "${eth}0800${v4}aaabc61200010a000000${udp}"
-  frame v4-unlisted "${eth}0800${v4}aaabc61200010b000001${udp}"
+  frame v4-unlisted "${eth}0800${v4}a9aac61200010b000001${udp}"
   frames="v4-listed v4-unlisted" policy="$dir/egress.yaml" egress=(--egress)
 fi
 
@@ -75,7 +75,7 @@ for bin in "$@"; do
   ip netns add "$ns"
   ip -n "$ns" link add b0 type veth peer name b0p
   ip -n "$ns" link set b0 up
-  "$bin" --netns "$ns" --pin-root "/sys/fs/bpf/$ns" --state-root "$dir/state$n" apply -f "$policy" --iface b0 "${egress[@]}" >/dev/null
+  "$bin" --netns "$ns" --pin-root "/sys/fs/bpf/$ns" --state-root "$dir/state$n" apply -f "$policy" --iface b0 ${egress[@]+"${egress[@]}"} >/dev/null
   progs+=("$(bpftool link show pinned "/sys/fs/bpf/$ns/netns-$ns/b0/$hook/link" | grep -o 'prog [0-9]*' | head -1 | cut -d' ' -f2)")
 done
 for round in $(seq 7); do
