@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -223,6 +224,28 @@ func TestClassifierTablesDoNotDependOnKeys(t *testing.T) {
 	}
 }
 
+// nearAddrs draws addresses of either family from 1,024 /24s of
+// 10.0.0.0/14 or /48s of 2001:db8::/38, and prefixes holding them, seldom
+// wide (so that frames reach deep rules): prefixes nest and overlap, and
+// addresses fall in them.
+func nearAddrs(rng *rand.Rand) (addr func(v6 bool) netip.Addr, prefix func() netip.Prefix) {
+	addr = func(v6 bool) netip.Addr {
+		if v6 {
+			return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(rng.IntN(4)), byte(rng.IntN(256)), 15: byte(rng.IntN(16))})
+		}
+		return netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(16))})
+	}
+	prefix = func() netip.Prefix {
+		v6 := rng.IntN(3) == 0
+		bits := []int{16, 20, 24, 26, 28, 30, 32, 32}[rng.IntN(8)]
+		if v6 {
+			bits = []int{46, 48, 56, 64, 120, 124, 128, 128}[rng.IntN(8)]
+		}
+		return netip.PrefixFrom(addr(v6), bits).Masked()
+	}
+	return addr, prefix
+}
+
 // TestInlinePrefixes: thousands of nested inline prefixes, each alone on
 // its side of a rule and so taking no bit of the membership mask, beside a
 // few lists. For random addresses the trees must keep the first rule whose
@@ -230,21 +253,7 @@ func TestClassifierTablesDoNotDependOnKeys(t *testing.T) {
 // each address the class of the longest inline prefix holding it.
 func TestInlinePrefixes(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
-	addr := func(v6 bool) netip.Addr {
-		if v6 {
-			return netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, byte(rng.IntN(4)), byte(rng.IntN(256)), 15: byte(rng.IntN(16))})
-		}
-		return netip.AddrFrom4([4]byte{10, byte(rng.IntN(4)), byte(rng.IntN(256)), byte(rng.IntN(16))})
-	}
-	prefix := func() netip.Prefix {
-		v6 := rng.IntN(3) == 0
-		// Seldom wide, so that frames reach deep rules.
-		bits := []int{16, 20, 24, 26, 28, 30, 32, 32}[rng.IntN(8)]
-		if v6 {
-			bits = []int{46, 48, 56, 64, 120, 124, 128, 128}[rng.IntN(8)]
-		}
-		return netip.PrefixFrom(addr(v6), bits).Masked()
-	}
+	addr, prefix := nearAddrs(rng)
 	// Two lists of random prefixes, nested in and holding inline ones.
 	var b strings.Builder
 	b.WriteString("lists:\n")
@@ -409,4 +418,139 @@ func TestSideFirst(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestSideFirstHoldsForAddresses: for random policies over lists past the
+// mask's bits (static rows), inline prefixes, lists beside prefixes and
+// family rules, and random addresses looked up as the data plane does, no
+// entry before an address class's first (source or destination) passes
+// that side's checks (bpf/filter.c's rule_matches: family, lists or row,
+// bits), and none does when it is FirstNone. The data plane skips those
+// entries on the strength of it.
+func TestSideFirstHoldsForAddresses(t *testing.T) {
+	for seed := range uint64(30) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		addr, prefix := nearAddrs(rng)
+		lists := []int{3, 10, abi.MaxLists + 17}[seed%3] // the last takes static rows
+		var b strings.Builder
+		b.WriteString("lists:\n")
+		for l := range lists {
+			var ps []string
+			for range 1 + rng.IntN(8) {
+				ps = append(ps, strconv.Quote(prefix().String()))
+			}
+			fmt.Fprintf(&b, "  l%d: {prefixes: [%s]}\n", l, strings.Join(ps, ", "))
+		}
+		// Sides are rarely left open: an entry that tests no address is
+		// every class's first from there on.
+		side := func() string {
+			switch n := rng.IntN(100); {
+			case n < 60:
+				var ls []string
+				for range 1 + rng.IntN(3) {
+					ls = append(ls, fmt.Sprint("l", rng.IntN(lists)))
+				}
+				return "[" + strings.Join(ls, ", ") + "]"
+			case n < 85:
+				return strconv.Quote(prefix().String())
+			case n < 99:
+				return fmt.Sprintf("[%q, l%d]", prefix(), rng.IntN(lists))
+			}
+			return ""
+		}
+		b.WriteString("rules:\n")
+		for i := range 200 {
+			var f []string
+			for _, name := range []string{"src", "dst"} {
+				if s := side(); s != "" {
+					f = append(f, name+": "+s)
+				}
+			}
+			if rng.IntN(2) == 0 {
+				f = append(f, "proto: udp", fmt.Sprintf("dport: %d", rng.IntN(5)))
+			}
+			if fam := []int{0, 0, 0, 4, 6}[rng.IntN(5)]; fam != 0 {
+				f = append(f, fmt.Sprintf("family: %d", fam))
+			}
+			fmt.Fprintf(&b, "  - {name: r%d, %s action: %s}\n", i, strings.Join(append(f, ""), ", "), []string{"drop", "pass"}[i%2])
+		}
+		pol, err := policy.Parse("p.yaml", []byte(b.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		img := Build(pol)
+		c := &img.Classifier
+		static := 0
+		for range 3000 {
+			a := addr(rng.IntN(2) == 0)
+			var cls uint32
+			if a.Is4() {
+				cls = img.class4(policy.V4ToUint(a), nil, func(string, int, int) {})
+			} else {
+				cls = img.class6(policy.U128Of(a), nil)
+			}
+			ce := c.ClassEqs[cls]
+			if ce.Set != 0 {
+				static++
+			}
+			for _, dst := range []bool{false, true} {
+				first, got := ce.SrcFirst, -1
+				if dst {
+					first = ce.DstFirst
+				}
+				for r := range img.Rules {
+					if sidePasses(c, &img.Rules[r], ce, a, dst) {
+						got = r
+						break
+					}
+				}
+				// The first may be earlier than it need be (it does not
+				// judge the family), never later.
+				if first == 0 || got >= 0 && (first == abi.FirstNone || int(first)-1 > got) {
+					t.Fatalf("seed %d, %s (class %d) as dst %v: first %d, but entry %d is the first whose side passes", seed, a, cls, dst, first, got)
+				}
+			}
+		}
+		if lists > abi.MaxLists && static == 0 {
+			t.Errorf("seed %d: no address in a static list: the rows went untested", seed)
+		}
+	}
+}
+
+// sidePasses is rule_matches' checks of one side of entry e (and its
+// family) for address a of a class with eqs ce.
+func sidePasses(c *Classifier, e *abi.Rule, ce abi.ClassEqs, a netip.Addr, dst bool) bool {
+	fam := uint32(abi.MatchIPv4)
+	if a.Is6() {
+		fam = abi.MatchIPv6
+	}
+	if f := e.Match & (abi.MatchIPv4 | abi.MatchIPv6); f != 0 && f != fam {
+		return false
+	}
+	match, bitsFlag, lists, row, mask, want := uint32(abi.MatchSrc), uint32(abi.MatchSrcBits), e.SrcLists, e.SrcRow, e.SrcMask, e.SrcBits
+	if dst {
+		match, bitsFlag, lists, row, mask, want = abi.MatchDst, abi.MatchDstBits, e.DstLists, e.DstRow, e.DstMask, e.DstBits
+	}
+	if e.Match&match != 0 && ce.Mask&lists == 0 {
+		if row == 0 || ce.Set == 0 || c.Tree[c.SetsBase+(ce.Set-1)*c.RowWords+uint32(row>>5)]>>(row&31)&1 == 0 {
+			return false
+		}
+	}
+	if e.Match&bitsFlag != 0 {
+		// An IPv4 address is the first 4 of the 16 bytes, as the frame
+		// holds it.
+		var b [16]byte
+		if a.Is4() {
+			a4 := a.As4()
+			copy(b[:], a4[:])
+		} else {
+			b = a.As16()
+		}
+		for i := range 2 {
+			if binary.NativeEndian.Uint64(b[8*i:])&mask[i] != want[i] {
+				return false
+			}
+		}
+	}
+	return true
 }
