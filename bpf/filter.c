@@ -360,18 +360,20 @@ static __always_inline __u32 class_address(struct address *out, const struct cla
 }
 
 /* Applies generation gen's overlay to an address of a class: the lists it
- * changes, and their eqs. An address the overlay changed keeps its class's
- * static lists. Returns the address's first entry: its class's (first)
- * if the overlay left it, its new mask's if it changed it. */
+ * changes, and the eqs and first entry of its new mask as a class with it
+ * has them (mask_eqs), or EQ_ANY and 0 for a mask no class has. An address
+ * the overlay changed keeps its class's static lists. Returns the
+ * address's first entry: first, its class's, if the overlay left it. */
 static __always_inline __u32 overlay_address(struct address *out, __u32 gen, __u8 family, const __u8 *a, int dst, __u32 first)
 {
 	__u64 mask = out->mask;
 	if (!overlay_mask(gen, family, a, &mask))
 		return first;
-	struct class_eqs *e = gen_lookup(&mask_eqs, gen, &mask);
+	__u32 set = out->set;
+	first = class_address(out, gen_lookup(&mask_eqs, gen, &mask), dst);
 	out->mask = mask;
-	out->eq = e ? (dst ? e->dst : e->src) : EQ_ANY;
-	return e ? (dst ? e->dst_first : e->src_first) : 0;
+	out->set = set;
+	return first;
 }
 
 /* The parts of an address lookup with loops of their own, the IPv6 walk

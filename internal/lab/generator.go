@@ -98,11 +98,14 @@ func (f *Traffic) Unlisted() error {
 	return nil
 }
 
+// Listed is the list's i-th source.
+func (f *Traffic) Listed(i uint32) netip.Prefix { return f.Source(f.ListFrom + i) }
+
 // Prefixes lists the sources as the list files hold them.
 func (f *Traffic) Prefixes() []netip.Prefix {
 	out := make([]netip.Prefix, f.Count)
 	for i := range out {
-		out[i] = f.Source(f.ListFrom + uint32(i))
+		out[i] = f.Listed(uint32(i))
 	}
 	return out
 }
@@ -113,7 +116,7 @@ func (f *Traffic) WriteList(dir string) (string, error) {
 	path := filepath.Join(dir, fmt.Sprintf("flood-v%d.txt", f.Family))
 	b := make([]byte, 0, int(f.Count)*24)
 	for i := range f.Count {
-		b = f.Source(f.ListFrom + i).AppendTo(b)
+		b = f.Listed(i).AppendTo(b)
 		b = append(b, '\n')
 	}
 	return path, os.WriteFile(path, b, 0o644)

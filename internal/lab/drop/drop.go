@@ -71,7 +71,7 @@ func (o *Options) Validate() error {
 		return errors.New("--list-size must be at least 1")
 	}
 	for _, name := range o.Layers {
-		if o.Unlisted && name != "rampart" && name != floorLayer {
+		if o.Unlisted && !unlistedLayer(name) {
 			return fmt.Errorf("--unlisted runs rampart and %s only: %s would drop none of the flood (use --layers rampart)", floorLayer, name)
 		}
 	}
@@ -88,13 +88,17 @@ func (o *Options) Validate() error {
 // those two alone.
 func (o *Options) runs(name string) bool {
 	asked := func(n string) bool {
-		if o.Unlisted && n != "rampart" && n != floorLayer {
+		if o.Unlisted && !unlistedLayer(n) {
 			return false
 		}
 		return len(o.Layers) == 0 || slices.Contains(o.Layers, n)
 	}
 	return asked(name) || name == floorLayer && asked("rampart")
 }
+
+// unlistedLayer says whether a layer runs with --unlisted: rampart's and
+// the floor's; a peer's list would drop none of the flood.
+func unlistedLayer(name string) bool { return name == "rampart" || name == floorLayer }
 
 // plan is one row of the run: a layer, its family's flood, and what the
 // rounds measured of it.
